@@ -1,0 +1,198 @@
+"""The pool catalogue: which worker pools (Celery queues) exist, on which VM classes.
+
+A catalogue is a YAML file read once where it enters (executor start, server start, simulator
+set-up) and validated there; errors name the file and the field::
+
+    vm_classes:
+      small-cpu: {cpus: 4, memory_gb: 16, speed: 1.0, price_per_hour: 0.17}
+      gpu-a10:   {cpus: 8, memory_gb: 64, gpus: 1, speed: 1.5, price_per_hour: 1.0,
+                  affinity: {gpu_train: 8.0}}
+    pools:
+      cpu-small: {vm_class: small-cpu, workers: 2, slots_per_worker: 4}
+      gpu:       {vm_class: gpu-a10, workers: 1, slots_per_worker: 2,
+                  min_workers: 0, max_workers: 4, boot_delay_s: 90}
+
+``workers`` is the number of workers running now (fixed pools) or at start (elastic pools);
+``min_workers``/``max_workers``/``boot_delay_s``/``idle_scale_down_s``/``billing_s`` describe
+KEDA-style autoscaling for the simulator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from policy.errors import CatalogueError
+from policy.schema import PoolState
+
+
+@dataclass(frozen=True)
+class VMClass:
+    """A kind of machine: resources of one VM, relative speed, hourly price, task-type affinity."""
+
+    name: str
+    cpus: float
+    memory_gb: float
+    gpus: float = 0.0
+    speed: float = 1.0
+    price_per_hour: float = 0.0
+    affinity: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """A worker pool: one Celery queue served by workers of one VM class."""
+
+    name: str
+    vm_class: VMClass
+    workers: int
+    slots_per_worker: int = 1
+    min_workers: int | None = None
+    max_workers: int | None = None
+    boot_delay_s: float = 0.0
+    idle_scale_down_s: float = 300.0
+    billing_s: float = 1.0
+
+    @property
+    def slots(self) -> int:
+        return self.workers * self.slots_per_worker
+
+    @property
+    def elastic(self) -> bool:
+        lo = self.workers if self.min_workers is None else self.min_workers
+        hi = self.workers if self.max_workers is None else self.max_workers
+        return (lo, hi) != (self.workers, self.workers)
+
+    def state(self, *, busy: int = 0, queued: int = 0, up: bool = True, workers: int | None = None,
+              failure_rate: float = 0.0) -> PoolState:
+        """This pool's :class:`PoolState` with the given load."""
+        vm = self.vm_class
+        n = self.workers if workers is None else workers
+        return PoolState(
+            name=self.name, vm_class=vm.name, slots=n * self.slots_per_worker, cpus=vm.cpus,
+            memory_gb=vm.memory_gb, gpus=vm.gpus, speed=vm.speed, price_per_hour=vm.price_per_hour,
+            busy=busy, queued=queued, up=up, failure_rate=failure_rate, affinity=vm.affinity,
+        )
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    """All pools of a cluster, in file order."""
+
+    pools: tuple[PoolSpec, ...]
+    source: str = "<memory>"
+
+    def __post_init__(self) -> None:
+        if not self.pools:
+            raise CatalogueError(f"{self.source}: no pools")
+
+    def pool(self, name: str) -> PoolSpec:
+        for p in self.pools:
+            if p.name == name:
+                return p
+        raise CatalogueError(f"{self.source}: pool {name!r} not in the catalogue")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.pools)
+
+    def states(self) -> tuple[PoolState, ...]:
+        """Every pool idle."""
+        return tuple(p.state() for p in self.pools)
+
+
+def _number(obj: Mapping[str, Any], key: str, where: str, default: float | None = None,
+            lo: float = 0.0) -> float:
+    value = obj.get(key, default)
+    if value is None:
+        raise CatalogueError(f"{where}.{key}: missing")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < lo:
+        raise CatalogueError(f"{where}.{key}: expected a number >= {lo}, got {value!r}")
+    return float(value)
+
+
+def _count(obj: Mapping[str, Any], key: str, where: str, default: int | None = None,
+           lo: int = 0) -> int | None:
+    value = obj.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise CatalogueError(f"{where}.{key}: expected an integer >= {lo}, got {value!r}")
+    return value
+
+
+def parse_catalogue(data: Any, source: str = "<memory>") -> Catalogue:
+    """Build a :class:`Catalogue` from the decoded YAML document ``data``."""
+    if not isinstance(data, Mapping):
+        raise CatalogueError(f"{source}: expected a mapping with vm_classes and pools")
+    raw_vms = data.get("vm_classes")
+    raw_pools = data.get("pools")
+    if not isinstance(raw_vms, Mapping) or not raw_vms:
+        raise CatalogueError(f"{source}: vm_classes: expected a non-empty mapping")
+    if not isinstance(raw_pools, Mapping) or not raw_pools:
+        raise CatalogueError(f"{source}: pools: expected a non-empty mapping")
+    vms: dict[str, VMClass] = {}
+    for name, spec in raw_vms.items():
+        where = f"{source}: vm_classes.{name}"
+        if not isinstance(spec, Mapping):
+            raise CatalogueError(f"{where}: expected a mapping")
+        affinity = spec.get("affinity") or {}
+        if not isinstance(affinity, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and v > 0 for k, v in affinity.items()
+        ):
+            raise CatalogueError(f"{where}.affinity: expected {{task kind: speed-up > 0}}, got {affinity!r}")
+        vms[str(name)] = VMClass(
+            name=str(name),
+            cpus=_number(spec, "cpus", where, lo=0.001),
+            memory_gb=_number(spec, "memory_gb", where, lo=0.001),
+            gpus=_number(spec, "gpus", where, 0.0),
+            speed=_number(spec, "speed", where, 1.0, lo=0.001),
+            price_per_hour=_number(spec, "price_per_hour", where, 0.0),
+            affinity={str(k): float(v) for k, v in affinity.items()},
+        )
+    pools: list[PoolSpec] = []
+    for name, spec in raw_pools.items():
+        where = f"{source}: pools.{name}"
+        if not isinstance(spec, Mapping):
+            raise CatalogueError(f"{where}: expected a mapping")
+        vm_name = spec.get("vm_class")
+        if vm_name not in vms:
+            raise CatalogueError(f"{where}.vm_class: {vm_name!r} is not one of {sorted(vms)}")
+        workers = _count(spec, "workers", where, 1)
+        assert workers is not None
+        pool = PoolSpec(
+            name=str(name),
+            vm_class=vms[vm_name],
+            workers=workers,
+            slots_per_worker=_count(spec, "slots_per_worker", where, 1, lo=1) or 1,
+            min_workers=_count(spec, "min_workers", where),
+            max_workers=_count(spec, "max_workers", where),
+            boot_delay_s=_number(spec, "boot_delay_s", where, 0.0),
+            idle_scale_down_s=_number(spec, "idle_scale_down_s", where, 300.0),
+            billing_s=_number(spec, "billing_s", where, 1.0, lo=0.001),
+        )
+        lo = pool.min_workers if pool.min_workers is not None else workers
+        hi = pool.max_workers if pool.max_workers is not None else workers
+        if not lo <= workers <= hi:
+            raise CatalogueError(f"{where}: need min_workers <= workers <= max_workers, got {lo}/{workers}/{hi}")
+        if hi == 0:
+            raise CatalogueError(f"{where}: max_workers must be at least 1")
+        pools.append(pool)
+    return Catalogue(pools=tuple(pools), source=source)
+
+
+def load_catalogue(path: str | Path) -> Catalogue:
+    """Read and validate a catalogue YAML file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise CatalogueError(f"{path}: cannot read the pool catalogue: {exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CatalogueError(f"{path}: not valid YAML: {exc}") from exc
+    return parse_catalogue(data, str(path))

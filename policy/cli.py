@@ -1,0 +1,46 @@
+"""``drl-policy``: the policy server's command line (``serve``, ``bench``).
+
+Each subcommand lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``;
+this module only dispatches, so ``--help`` stays fast and imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+SUBCOMMANDS = {
+    "serve": ("policy.server", "serve placement requests from Redis"),
+    "bench": ("policy.bench", "measure round-trip latency and throughput through a real Redis"),
+}
+
+
+def build_parser(prog: str, subcommands: dict[str, tuple[str, str]], description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--log-level", default="INFO", help="logging level (default: %(default)s)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_text) in subcommands.items():
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        sp.set_defaults(_module=module)
+        importlib.import_module(module).add_arguments(sp)
+    return parser
+
+
+def dispatch(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    code: int = importlib.import_module(args._module).run(args)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser("drl-policy", SUBCOMMANDS, "The GNN placement policy server.")
+    return dispatch(parser, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""Domain exceptions of the placement layer, in one place (as rq does)."""
+
+from __future__ import annotations
+
+
+class PolicyError(Exception):
+    """Base class of every error raised by the placement layer."""
+
+
+class SchemaError(PolicyError, ValueError):
+    """A message or file does not match the wire schema; the message names the field."""
+
+
+class CatalogueError(PolicyError, ValueError):
+    """A pool catalogue file is malformed; the message names the file and the field."""
+
+
+class NoFeasiblePool(PolicyError):
+    """No pool can run a task under its hard constraints (resources, pinning, pools down)."""
+
+
+class CheckpointError(PolicyError):
+    """A checkpoint or registry manifest is missing, tampered with or does not match the code."""

@@ -1,0 +1,88 @@
+"""Static analysis of one run's task graph: topological order, children, critical-path ranks.
+
+Computed once per :class:`~policy.schema.RunGraph` and cached by digest (graphs are immutable),
+so per-decision work is a lookup. Pure Python: the executor uses it for its fallback placement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from collections import OrderedDict
+
+from policy.errors import SchemaError
+from policy.schema import RunGraph
+
+
+@dataclass(frozen=True)
+class GraphView:
+    """Derived structure of a :class:`RunGraph`.
+
+    ``rank[i]`` is the upward rank of task ``i``: its expected duration plus the longest path of
+    expected durations below it (HEFT's rank_u at speed 1.0), so ``max(rank)`` is the critical path.
+    """
+
+    graph: RunGraph
+    order: tuple[int, ...]
+    parents: tuple[tuple[int, ...], ...]
+    children: tuple[tuple[int, ...], ...]
+    rank: tuple[float, ...]
+    index: dict[str, int]
+
+    @property
+    def critical_path_s(self) -> float:
+        return max(self.rank, default=0.0)
+
+    @property
+    def total_work_s(self) -> float:
+        return sum(t.duration_s for t in self.graph.tasks)
+
+
+def _build(graph: RunGraph) -> GraphView:
+    n = len(graph.tasks)
+    parents: list[list[int]] = [[] for _ in range(n)]
+    children: list[list[int]] = [[] for _ in range(n)]
+    for p, c in graph.edges:
+        parents[c].append(p)
+        children[p].append(c)
+    indeg = [len(ps) for ps in parents]
+    order = [i for i in range(n) if indeg[i] == 0]
+    head = 0
+    while head < len(order):
+        i = order[head]
+        head += 1
+        for c in children[i]:
+            indeg[c] -= 1
+            if indeg[c] == 0:
+                order.append(c)
+    if len(order) != n:
+        raise SchemaError(f"run {graph.run_key!r}: the task graph has a cycle")
+    rank = [0.0] * n
+    for i in reversed(order):
+        below = max((rank[c] for c in children[i]), default=0.0)
+        rank[i] = graph.tasks[i].duration_s + below
+    return GraphView(
+        graph=graph,
+        order=tuple(order),
+        parents=tuple(tuple(p) for p in parents),
+        children=tuple(tuple(c) for c in children),
+        rank=tuple(rank),
+        index=graph.index(),
+    )
+
+
+_CACHE: OrderedDict[tuple[str, str], GraphView] = OrderedDict()
+_CACHE_SIZE = 4096
+
+
+def view(graph: RunGraph) -> GraphView:
+    """The :class:`GraphView` of ``graph``, cached by (run_key, digest) with LRU eviction."""
+    key = (graph.run_key, graph.digest)
+    hit = _CACHE.get(key)
+    if hit is not None:
+        _CACHE.move_to_end(key)
+        return hit
+    built = _build(graph)
+    _CACHE[key] = built
+    if len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return built

@@ -1,0 +1,108 @@
+"""The one placement interface, and the placers that ship without a model.
+
+Every policy (the baselines in the simulator, the GNN policy, the policy server's fallback and the
+executor's own fallback) is a :class:`Placer`: a callable object that maps a
+:class:`~policy.schema.PlacementRequest`, with the full graphs of its runs, to one
+:class:`~policy.schema.Decision` per ready task. The simulator builds the same request objects as
+the executor, so what the lab measures is what production runs.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Protocol, Sequence, runtime_checkable
+
+from policy.graph import GraphView, view
+from policy.schema import Decision, PlacementRequest, PoolState, ReadyTask, RunGraph, TaskNode
+
+
+@runtime_checkable
+class Placer(Protocol):
+    """Decides a pool for every ready task of a request.
+
+    ``graphs`` maps each ``run_key`` of ``request.ready`` to its full :class:`RunGraph` (the server
+    resolves :class:`~policy.schema.RunRef` entries from its cache before calling). A placer never
+    returns a pool that is down or that cannot hold the task when a feasible one exists.
+    """
+
+    name: str
+    version: str
+
+    def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
+        ...
+
+
+def feasible(task: TaskNode, pools: Sequence[PoolState]) -> list[PoolState]:
+    """Pools that are up and satisfy the task's hard constraints (resources, pinning)."""
+    return [p for p in pools if p.up and p.fits(task)]
+
+
+def ordered_ready(
+    request: PlacementRequest, graphs: Mapping[str, RunGraph]
+) -> list[tuple[ReadyTask, TaskNode, GraphView]]:
+    """Ready tasks with their nodes, longest remaining critical path first (ties: priority)."""
+    items = []
+    for ready in request.ready:
+        g = view(graphs[ready.run_key])
+        items.append((ready, g.graph.tasks[g.index[ready.task_id]], g))
+    items.sort(key=lambda it: (-it[2].rank[it[2].index[it[0].task_id]], -it[1].priority))
+    return items
+
+
+class EarliestFinishPlacer:
+    """Least-loaded earliest-finish placement: the default heuristic and the executor's fallback.
+
+    Tasks are taken longest remaining critical path first; each goes to the feasible pool with the
+    earliest estimated finish, ``wait + duration / effective speed``, where ``wait`` is zero while
+    the pool has a free slot and otherwise grows with the backlog per slot. Tasks placed earlier in
+    the same batch count as backlog.
+    """
+
+    name = "eft"
+    version = "heuristic-1"
+
+    def __init__(self, *, fallback: bool = False) -> None:
+        self.fallback = fallback
+
+    def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
+        extra: dict[str, int] = {p.name: 0 for p in request.pools}
+        out: list[Decision] = []
+        for ready, task, _ in ordered_ready(request, graphs):
+            out.append(self._place_one(ready, task, request.pools, extra))
+        return out
+
+    def _place_one(
+        self, ready: ReadyTask, task: TaskNode, pools: Sequence[PoolState], extra: dict[str, int]
+    ) -> Decision:
+        candidates = feasible(task, pools)
+        note = ""
+        if not candidates:
+            # Nothing satisfies the hard constraints: choose the largest live pool and say so.
+            live = [p for p in pools if p.up] or list(pools)
+            candidates = [max(live, key=lambda p: (p.cpus, p.memory_gb, p.gpus))]
+            note = f"; no pool fits cpus={task.cpus:g} mem={task.memory_gb:g}GB gpus={task.gpus:g}"
+        scored = []
+        for p in candidates:
+            run_s = task.duration_s / p.speed_for(task.kind)
+            backlog = p.busy + p.queued + extra[p.name]
+            wait_s = 0.0 if backlog < p.slots else (backlog - p.slots + 1) / max(p.slots, 1) * run_s
+            scored.append((wait_s + run_s, wait_s, run_s, p))
+        scored.sort(key=lambda s: (s[0], s[3].price_per_hour, s[3].name))
+        finish, wait_s, run_s, best = scored[0]
+        extra[best.name] += 1
+        reason = (
+            f"{best.name} ({best.vm_class}): est. finish {finish:.1f}s = wait {wait_s:.1f}s"
+            f" + run {run_s:.1f}s at speed {best.speed_for(task.kind):g}"
+        )
+        if len(scored) > 1:
+            reason += f"; next {scored[1][3].name} {scored[1][0]:.1f}s"
+        if task.pool is not None:
+            reason += f"; pinned to {task.pool}"
+        return Decision(
+            run_key=ready.run_key,
+            task_id=ready.task_id,
+            pool=best.name,
+            vm_class=best.vm_class,
+            score=-finish,
+            reason=reason + note,
+            fallback=self.fallback,
+        )

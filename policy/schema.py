@@ -1,0 +1,567 @@
+"""The placement wire schema: what the executor, the policy server and the simulator exchange.
+
+One module, imported by every floor (Airflow side, policy server, trainer); it imports neither
+torch nor Airflow. Messages are plain JSON objects with a ``schema_version``; every decoder checks
+types and limits at the boundary and raises :class:`SchemaError` naming the offending field, so a
+malformed request becomes an error reply, never a dead server.
+
+A request carries, for each DAG run with ready tasks, either the run's whole task graph
+(:class:`RunGraph`) or a reference to one already sent (:class:`RunRef`, matched by ``digest``),
+the run's progress, the ready tasks to place and the state of every worker pool. The reply carries
+one :class:`Decision` per ready task: a pool (Celery queue), its VM class, a score and a reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence, Union
+
+from policy.errors import SchemaError
+
+SCHEMA_VERSION = 1
+
+#: Limits a server enforces on decoded requests (a request is also capped in bytes by the server).
+MAX_TASKS_PER_RUN = 50_000
+MAX_READY_PER_REQUEST = 4_096
+MAX_POOLS = 256
+MAX_RUNS_PER_REQUEST = 1_024
+
+
+# --- small checked readers -------------------------------------------------------------------
+
+
+def _get(obj: Mapping[str, Any], key: str, where: str) -> Any:
+    if not isinstance(obj, Mapping):
+        raise SchemaError(f"{where}: expected an object, got {type(obj).__name__}")
+    if key not in obj:
+        raise SchemaError(f"{where}.{key}: missing")
+    return obj[key]
+
+
+def _str(obj: Mapping[str, Any], key: str, where: str, *, default: str | None = None) -> str:
+    if default is not None and key not in obj:
+        return default
+    value = _get(obj, key, where)
+    if not isinstance(value, str) or not value:
+        raise SchemaError(f"{where}.{key}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _opt_str(obj: Mapping[str, Any], key: str, where: str) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise SchemaError(f"{where}.{key}: expected a non-empty string or null, got {value!r}")
+    return value
+
+
+def _num(
+    obj: Mapping[str, Any], key: str, where: str, *, default: float | None = None, lo: float = 0.0
+) -> float:
+    if default is not None and obj.get(key) is None:
+        return default
+    value = _get(obj, key, where)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SchemaError(f"{where}.{key}: expected a finite number, got {value!r}")
+    if value < lo:
+        raise SchemaError(f"{where}.{key}: must be >= {lo}, got {value!r}")
+    return float(value)
+
+
+def _int(
+    obj: Mapping[str, Any], key: str, where: str, *, default: int | None = None, lo: int = 0
+) -> int:
+    if default is not None and obj.get(key) is None:
+        return default
+    value = _get(obj, key, where)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SchemaError(f"{where}.{key}: expected an integer, got {value!r}")
+    if value < lo:
+        raise SchemaError(f"{where}.{key}: must be >= {lo}, got {value!r}")
+    return value
+
+
+def _list(obj: Mapping[str, Any], key: str, where: str, *, limit: int, default: bool = False) -> list[Any]:
+    if default and obj.get(key) is None:
+        return []
+    value = _get(obj, key, where)
+    if not isinstance(value, list):
+        raise SchemaError(f"{where}.{key}: expected a list, got {type(value).__name__}")
+    if len(value) > limit:
+        raise SchemaError(f"{where}.{key}: {len(value)} entries, limit is {limit}")
+    return value
+
+
+def _str_list(obj: Mapping[str, Any], key: str, where: str, *, limit: int) -> tuple[str, ...]:
+    items = _list(obj, key, where, limit=limit, default=True)
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise SchemaError(f"{where}.{key}[{i}]: expected a string, got {item!r}")
+    return tuple(items)
+
+
+# --- the task graph of one DAG run ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskNode:
+    """One task of a DAG run, as the policy sees it.
+
+    ``duration_s`` is the expected run time on a VM of relative speed 1.0 (from history or the
+    task's ``executor_config``); ``kind`` names a task type for pool affinity (e.g. ``"gpu_train"``);
+    ``pool`` is set when the DAG author pinned the task to one queue.
+    """
+
+    task_id: str
+    duration_s: float = 60.0
+    cpus: float = 1.0
+    memory_gb: float = 1.0
+    gpus: float = 0.0
+    priority: float = 1.0
+    kind: str = "default"
+    pool: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "task_id": self.task_id,
+            "duration_s": self.duration_s,
+            "cpus": self.cpus,
+            "memory_gb": self.memory_gb,
+            "gpus": self.gpus,
+            "priority": self.priority,
+            "kind": self.kind,
+        }
+        if self.pool is not None:
+            out["pool"] = self.pool
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any], where: str = "task") -> TaskNode:
+        return cls(
+            task_id=_str(obj, "task_id", where),
+            duration_s=_num(obj, "duration_s", where, default=60.0),
+            cpus=_num(obj, "cpus", where, default=1.0),
+            memory_gb=_num(obj, "memory_gb", where, default=1.0),
+            gpus=_num(obj, "gpus", where, default=0.0),
+            priority=_num(obj, "priority", where, default=1.0),
+            kind=_str(obj, "kind", where, default="default"),
+            pool=_opt_str(obj, "pool", where),
+        )
+
+
+@dataclass(frozen=True)
+class RunGraph:
+    """The task graph of one DAG run: tasks and dependency edges ``(parent_index, child_index)``.
+
+    ``run_key`` identifies the run (``dag_id/run_id`` in Airflow); ``digest`` is a hash of the
+    content, so a later request can refer to the graph by :class:`RunRef` instead of resending it.
+    """
+
+    run_key: str
+    tasks: tuple[TaskNode, ...]
+    edges: tuple[tuple[int, int], ...]
+    digest: str = ""
+
+    def __post_init__(self) -> None:
+        n = len(self.tasks)
+        for parent, child in self.edges:
+            if not (0 <= parent < n and 0 <= child < n) or parent == child:
+                raise SchemaError(f"run {self.run_key!r}: bad edge ({parent}, {child}) for {n} tasks")
+        if not self.digest:
+            object.__setattr__(self, "digest", graph_digest(self.tasks, self.edges))
+
+    def index(self) -> dict[str, int]:
+        """Map task_id -> position in ``tasks``."""
+        return {t.task_id: i for i, t in enumerate(self.tasks)}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_key": self.run_key,
+            "digest": self.digest,
+            "tasks": [t.to_json() for t in self.tasks],
+            "edges": [list(e) for e in self.edges],
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any], where: str = "run") -> RunGraph:
+        run_key = _str(obj, "run_key", where)
+        where = f"{where}[{run_key}]"
+        tasks = tuple(
+            TaskNode.from_json(t, f"{where}.tasks[{i}]")
+            for i, t in enumerate(_list(obj, "tasks", where, limit=MAX_TASKS_PER_RUN))
+        )
+        edges: list[tuple[int, int]] = []
+        for i, e in enumerate(_list(obj, "edges", where, limit=MAX_TASKS_PER_RUN * 64)):
+            if (
+                not isinstance(e, list)
+                or len(e) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in e)
+            ):
+                raise SchemaError(f"{where}.edges[{i}]: expected [parent, child] indices, got {e!r}")
+            edges.append((e[0], e[1]))
+        ids = [t.task_id for t in tasks]
+        if len(set(ids)) != len(ids):
+            raise SchemaError(f"{where}.tasks: duplicate task_id")
+        graph = cls(run_key=run_key, tasks=tasks, edges=tuple(edges))
+        sent = obj.get("digest")
+        if sent and sent != graph.digest:
+            raise SchemaError(f"{where}.digest: {sent!r} does not match the content ({graph.digest!r})")
+        return graph
+
+
+def graph_digest(tasks: Sequence[TaskNode], edges: Sequence[tuple[int, int]]) -> str:
+    """A stable content hash of a task graph (sha256 of its canonical JSON, 16 hex digits)."""
+    blob = json.dumps(
+        {"tasks": [t.to_json() for t in tasks], "edges": [list(e) for e in edges]},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """A reference to a :class:`RunGraph` the server has already been sent."""
+
+    run_key: str
+    digest: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_key": self.run_key, "digest": self.digest, "ref": True}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any], where: str = "run") -> RunRef:
+        return cls(run_key=_str(obj, "run_key", where), digest=_str(obj, "digest", where))
+
+
+RunEntry = Union[RunGraph, RunRef]
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    """What changed in a run: task ids finished (any terminal state) and running now."""
+
+    run_key: str
+    finished: tuple[str, ...] = ()
+    running: tuple[str, ...] = ()
+    #: seconds since the run started (for lateness against its SLA)
+    age_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_key": self.run_key,
+            "finished": list(self.finished),
+            "running": list(self.running),
+            "age_s": self.age_s,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any], where: str = "progress") -> RunProgress:
+        return cls(
+            run_key=_str(obj, "run_key", where),
+            finished=_str_list(obj, "finished", where, limit=MAX_TASKS_PER_RUN),
+            running=_str_list(obj, "running", where, limit=MAX_TASKS_PER_RUN),
+            age_s=_num(obj, "age_s", where, default=0.0),
+        )
+
+
+@dataclass(frozen=True)
+class ReadyTask:
+    """A task instance ready to run now: which run, which task, which try."""
+
+    run_key: str
+    task_id: str
+    try_number: int = 1
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.run_key, self.task_id)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_key": self.run_key, "task_id": self.task_id, "try_number": self.try_number}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any], where: str = "ready") -> ReadyTask:
+        return cls(
+            run_key=_str(obj, "run_key", where),
+            task_id=_str(obj, "task_id", where),
+            try_number=_int(obj, "try_number", where, default=1),
+        )
+
+
+@dataclass(frozen=True)
+class PoolState:
+    """One worker pool (a Celery queue) on one VM class, and its load now.
+
+    ``slots`` is the total task slots of the pool's live workers, ``busy`` the slots running
+    tasks, ``queued`` the tasks sent and not yet started. ``speed`` is relative (1.0 = reference
+    VM); ``affinity`` maps a task ``kind`` to an extra speed-up on this VM class (a GPU box runs
+    ``gpu_train`` tasks many times faster). ``up`` is False for a pool marked down.
+    """
+
+    name: str
+    vm_class: str
+    slots: int
+    cpus: float
+    memory_gb: float
+    gpus: float = 0.0
+    speed: float = 1.0
+    price_per_hour: float = 0.0
+    busy: int = 0
+    queued: int = 0
+    up: bool = True
+    failure_rate: float = 0.0
+    affinity: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def free_slots(self) -> int:
+        return max(0, self.slots - self.busy - self.queued)
+
+    def speed_for(self, kind: str) -> float:
+        """Effective speed of this pool for a task of type ``kind``."""
+        return self.speed * self.affinity.get(kind, 1.0)
+
+    def fits(self, task: TaskNode) -> bool:
+        """Hard constraints: the VM class has the resources, and the pin (if any) names it."""
+        if task.pool is not None and task.pool != self.name:
+            return False
+        return task.cpus <= self.cpus and task.memory_gb <= self.memory_gb and task.gpus <= self.gpus
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "vm_class": self.vm_class,
+            "slots": self.slots,
+            "cpus": self.cpus,
+            "memory_gb": self.memory_gb,
+            "gpus": self.gpus,
+            "speed": self.speed,
+            "price_per_hour": self.price_per_hour,
+            "busy": self.busy,
+            "queued": self.queued,
+            "up": self.up,
+            "failure_rate": self.failure_rate,
+            "affinity": dict(self.affinity),
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any], where: str = "pool") -> PoolState:
+        name = _str(obj, "name", where)
+        where = f"{where}[{name}]"
+        affinity = obj.get("affinity") or {}
+        if not isinstance(affinity, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+            for k, v in affinity.items()
+        ):
+            raise SchemaError(f"{where}.affinity: expected {{kind: speed-up > 0}}, got {affinity!r}")
+        up = obj.get("up", True)
+        if not isinstance(up, bool):
+            raise SchemaError(f"{where}.up: expected a boolean, got {up!r}")
+        return cls(
+            name=name,
+            vm_class=_str(obj, "vm_class", where),
+            slots=_int(obj, "slots", where),
+            cpus=_num(obj, "cpus", where),
+            memory_gb=_num(obj, "memory_gb", where),
+            gpus=_num(obj, "gpus", where, default=0.0),
+            speed=_num(obj, "speed", where, default=1.0),
+            price_per_hour=_num(obj, "price_per_hour", where, default=0.0),
+            busy=_int(obj, "busy", where, default=0),
+            queued=_int(obj, "queued", where, default=0),
+            up=up,
+            failure_rate=_num(obj, "failure_rate", where, default=0.0),
+            affinity={k: float(v) for k, v in affinity.items()},
+        )
+
+
+# --- request and reply ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    """One batched question: where should each of these ready tasks run?"""
+
+    request_id: str
+    ready: tuple[ReadyTask, ...]
+    pools: tuple[PoolState, ...]
+    runs: tuple[RunEntry, ...] = ()
+    progress: tuple[RunProgress, ...] = ()
+    #: wall-clock time the request was made (seconds since the epoch) and how long it may take
+    created_at: float = 0.0
+    deadline_ms: float = 250.0
+    schema_version: int = SCHEMA_VERSION
+
+    def graphs(self) -> dict[str, RunGraph]:
+        """The full graphs carried by this request, by run_key."""
+        return {r.run_key: r for r in self.runs if isinstance(r, RunGraph)}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "request_id": self.request_id,
+            "created_at": self.created_at,
+            "deadline_ms": self.deadline_ms,
+            "runs": [r.to_json() for r in self.runs],
+            "progress": [p.to_json() for p in self.progress],
+            "ready": [t.to_json() for t in self.ready],
+            "pools": [p.to_json() for p in self.pools],
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> PlacementRequest:
+        where = "request"
+        version = _int(obj, "schema_version", where)
+        if version != SCHEMA_VERSION:
+            raise SchemaError(f"{where}.schema_version: {version} not supported (want {SCHEMA_VERSION})")
+        runs: list[RunEntry] = []
+        for i, r in enumerate(_list(obj, "runs", where, limit=MAX_RUNS_PER_REQUEST, default=True)):
+            if isinstance(r, Mapping) and r.get("ref"):
+                runs.append(RunRef.from_json(r, f"{where}.runs[{i}]"))
+            else:
+                runs.append(RunGraph.from_json(r, f"{where}.runs[{i}]"))
+        return cls(
+            request_id=_str(obj, "request_id", where),
+            created_at=_num(obj, "created_at", where, default=0.0),
+            deadline_ms=_num(obj, "deadline_ms", where, default=250.0),
+            runs=tuple(runs),
+            progress=tuple(
+                RunProgress.from_json(p, f"{where}.progress[{i}]")
+                for i, p in enumerate(
+                    _list(obj, "progress", where, limit=MAX_RUNS_PER_REQUEST, default=True)
+                )
+            ),
+            ready=tuple(
+                ReadyTask.from_json(t, f"{where}.ready[{i}]")
+                for i, t in enumerate(_list(obj, "ready", where, limit=MAX_READY_PER_REQUEST))
+            ),
+            pools=tuple(
+                PoolState.from_json(p, f"{where}.pools[{i}]")
+                for i, p in enumerate(_list(obj, "pools", where, limit=MAX_POOLS))
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where one ready task goes, and why.
+
+    ``pool`` is the Celery queue, ``vm_class`` the VM class serving it, ``score`` the policy's
+    confidence or (for heuristics) the negated estimated finish time; ``fallback`` marks a
+    decision the executor made itself because the policy server did not answer.
+    """
+
+    run_key: str
+    task_id: str
+    pool: str
+    vm_class: str
+    score: float = 0.0
+    reason: str = ""
+    fallback: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_key": self.run_key,
+            "task_id": self.task_id,
+            "pool": self.pool,
+            "vm_class": self.vm_class,
+            "score": self.score,
+            "reason": self.reason,
+            "fallback": self.fallback,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any], where: str = "decision") -> Decision:
+        score = obj.get("score", 0.0)
+        if isinstance(score, bool) or not isinstance(score, (int, float)):
+            raise SchemaError(f"{where}.score: expected a number, got {score!r}")
+        reason = obj.get("reason", "")
+        if not isinstance(reason, str):
+            raise SchemaError(f"{where}.reason: expected a string, got {reason!r}")
+        return cls(
+            run_key=_str(obj, "run_key", where),
+            task_id=_str(obj, "task_id", where),
+            pool=_str(obj, "pool", where),
+            vm_class=_str(obj, "vm_class", where),
+            score=float(score),
+            reason=reason,
+            fallback=bool(obj.get("fallback", False)),
+        )
+
+
+@dataclass(frozen=True)
+class PlacementReply:
+    """The answer to one :class:`PlacementRequest`: a decision per ready task, or an error.
+
+    ``error_code`` is one of ``bad_request``, ``unknown_graph`` (a :class:`RunRef` the server has no
+    graph for: resend the full graph), ``overloaded`` or ``internal``.
+    """
+
+    request_id: str
+    decisions: tuple[Decision, ...] = ()
+    policy: str = ""
+    policy_version: str = ""
+    error_code: str | None = None
+    error: str | None = None
+    server_ms: float = 0.0
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def ok(self) -> bool:
+        return self.error_code is None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "schema_version": self.schema_version,
+            "request_id": self.request_id,
+            "policy": self.policy,
+            "policy_version": self.policy_version,
+            "decisions": [d.to_json() for d in self.decisions],
+            "server_ms": self.server_ms,
+        }
+        if self.error_code is not None:
+            out["error_code"] = self.error_code
+            out["error"] = self.error or ""
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> PlacementReply:
+        where = "reply"
+        version = _int(obj, "schema_version", where)
+        if version != SCHEMA_VERSION:
+            raise SchemaError(f"{where}.schema_version: {version} not supported (want {SCHEMA_VERSION})")
+        return cls(
+            request_id=_str(obj, "request_id", where),
+            policy=str(obj.get("policy", "")),
+            policy_version=str(obj.get("policy_version", "")),
+            decisions=tuple(
+                Decision.from_json(d, f"{where}.decisions[{i}]")
+                for i, d in enumerate(
+                    _list(obj, "decisions", where, limit=MAX_READY_PER_REQUEST, default=True)
+                )
+            ),
+            error_code=_opt_str(obj, "error_code", where),
+            error=obj.get("error") if isinstance(obj.get("error"), str) else None,
+            server_ms=_num(obj, "server_ms", where, default=0.0),
+        )
+
+
+def dumps(message: PlacementRequest | PlacementReply) -> bytes:
+    """Encode a message as compact UTF-8 JSON."""
+    return json.dumps(message.to_json(), separators=(",", ":")).encode()
+
+
+def loads_json(data: bytes | str, *, max_bytes: int) -> Mapping[str, Any]:
+    """Decode one JSON object, refusing payloads over ``max_bytes`` before parsing them."""
+    if len(data) > max_bytes:
+        raise SchemaError(f"payload of {len(data)} bytes exceeds the limit of {max_bytes}")
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise SchemaError(f"payload is not JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise SchemaError(f"payload: expected a JSON object, got {type(obj).__name__}")
+    return obj

@@ -1,0 +1,1 @@
+"""The scheduling lab: simulator, workloads, baselines, training, evaluation and fine-tuning."""

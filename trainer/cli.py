@@ -1,0 +1,35 @@
+"""``drl-trainer``: the scheduling lab's command line (``bench``, ``train``, ``explain``, ...).
+
+Each subcommand lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from policy.cli import build_parser, dispatch
+
+SUBCOMMANDS = {
+    "bench": ("trainer.bench", "simulate policies on workloads and report metrics against lower bounds"),
+    "train": ("trainer.train", "train the GNN placement policy in the simulator"),
+    "explain": ("trainer.explain", "explain one placement decision of a checkpoint"),
+    "finetune": ("trainer.finetune", "fine-tune the policy on recorded traces and promote it if it wins"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    available = {}
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        try:
+            __import__(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            continue
+        available[name] = (module, help_text)
+    parser = build_parser("drl-trainer", available, "Simulator, baselines, training and evaluation.")
+    return dispatch(parser, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
