@@ -1,0 +1,158 @@
+"""The simulator: conservation, dependencies, capacity, determinism, failures and outages."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Mapping
+
+import numpy as np
+import pytest
+
+from policy.catalogue import load_catalogue
+from policy.placement import EarliestFinishPlacer
+from policy.schema import Decision, PlacementRequest, RunGraph, TaskNode
+from trainer.simulator import Job, Outage, SimResult, SimulationError, Simulator, Slowdown
+from trainer.workloads import ArrivalSpec, make_jobs, seed_dataset
+
+CATALOGUES = "policy/catalogues"
+
+
+def _chain(key: str, n: int = 3, d: float = 10.0) -> RunGraph:
+    tasks = tuple(TaskNode(f"t{i}", duration_s=d) for i in range(n))
+    return RunGraph(key, tasks, tuple((i, i + 1) for i in range(n - 1)))
+
+
+def check_conservation(jobs: list[Job], result: SimResult, catalogue) -> None:
+    """Every task finishes exactly once, after its parents, and no pool exceeds its slots."""
+    ok = Counter((t.run_key, t.task_id) for t in result.tasks if t.ok)
+    expected = {(j.run_key, t.task_id) for j in jobs for t in j.graph.tasks}
+    assert set(ok) == expected
+    assert all(v == 1 for v in ok.values())
+    end = {(t.run_key, t.task_id): t.end_s for t in result.tasks if t.ok}
+    start = {(t.run_key, t.task_id): t.start_s for t in result.tasks if t.ok}
+    arrival = {j.run_key: j.arrival_s for j in jobs}
+    for j in jobs:
+        g = j.graph
+        for p, c in g.edges:
+            assert start[(g.run_key, g.tasks[c].task_id)] >= end[(g.run_key, g.tasks[p].task_id)] - 1e-9
+        for t in g.tasks:
+            assert start[(g.run_key, t.task_id)] >= arrival[g.run_key] - 1e-9
+    # Capacity: at any instant, running tries per pool <= the pool's max slots.
+    cap = {p.name: (p.max_workers if p.max_workers is not None else p.workers) * p.slots_per_worker
+           for p in catalogue.pools}
+    by_pool = defaultdict(list)
+    for t in result.tasks:
+        by_pool[t.pool].append((t.start_s, 1))
+        by_pool[t.pool].append((t.end_s, -1))
+    for pool, evs in by_pool.items():
+        level = 0
+        for _, d in sorted(evs, key=lambda e: (e[0], e[1])):
+            level += d
+            assert level <= cap[pool]
+    assert len(result.jobs) == len(jobs)
+
+
+def test_chain_on_one_pool_runs_back_to_back():
+    cat = load_catalogue(f"{CATALOGUES}/speeds-1-2-4.yaml")
+    r = Simulator(cat, [Job(_chain("a"), 5.0)], EarliestFinishPlacer(), seed=0).run()
+    assert r.jobs[0].finish_s == pytest.approx(5.0 + 30.0 / 4.0)
+    assert {t.pool for t in r.tasks} == {"speed-4"}
+
+
+def test_same_seed_same_result_and_conservation():
+    cat = load_catalogue(f"{CATALOGUES}/gpu-affinity.yaml")
+    rng = np.random.default_rng(3)
+    tpl = seed_dataset("mlpipeline", rng)[:6] + seed_dataset("etl", rng)[:6]
+    jobs = make_jobs(tpl, cat, 40, rng, ArrivalSpec(load=0.9))
+    a = Simulator(cat, jobs, EarliestFinishPlacer(), seed=5, duration_noise=0.3).run()
+    b = Simulator(cat, jobs, EarliestFinishPlacer(), seed=5, duration_noise=0.3).run()
+    assert [j.finish_s for j in a.jobs] == [j.finish_s for j in b.jobs]
+    check_conservation(jobs, a, cat)
+    assert a.cost > 0 and 0 < max(a.utilization.values()) <= 1.0
+
+
+def test_failures_outages_and_slowdowns_conserve_tasks():
+    cat = load_catalogue(f"{CATALOGUES}/gpu-affinity.yaml")
+    rng = np.random.default_rng(4)
+    tpl = seed_dataset("montecarlo", rng)[:8]
+    jobs = make_jobs(tpl, cat, 30, rng, ArrivalSpec(load=0.8))
+    r = Simulator(
+        cat, jobs, EarliestFinishPlacer(), seed=2, duration_noise=0.3, failure_rate=0.1,
+        dispatch_latency_s=0.5,
+        outages=(Outage("cpu-large", 100.0, 900.0), Outage("gpu", 50.0, 400.0)),
+        slowdowns=(Slowdown("cpu-small", 0.0, 2000.0, 0.5),),
+    ).run()
+    assert r.failed_tries > 0
+    check_conservation(jobs, r, cat)
+    for t in r.tasks:
+        if t.pool == "cpu-large":
+            assert not (100.0 < t.start_s < 900.0)
+
+
+class _Lazy:
+    """Places only the oldest ready task each time: exercises deferral (late binding)."""
+
+    name = "lazy"
+    version = "test"
+
+    def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
+        free = [p for p in request.pools if p.up and p.free_slots > 0]
+        if not free:
+            return []
+        r = request.ready[0]
+        return [Decision(r.run_key, r.task_id, free[0].name, free[0].vm_class)]
+
+
+def test_partial_decisions_defer_tasks():
+    cat = load_catalogue(f"{CATALOGUES}/speeds-1-2-4.yaml")
+    jobs = [Job(_chain(f"r{i}", 2), float(i)) for i in range(5)]
+    r = Simulator(cat, jobs, _Lazy(), seed=0).run()
+    check_conservation(jobs, r, cat)
+
+
+class _Never:
+    name = "never"
+    version = "test"
+
+    def place(self, request, graphs):
+        return []
+
+
+def test_deadlock_is_reported():
+    cat = load_catalogue(f"{CATALOGUES}/speeds-1-2-4.yaml")
+    with pytest.raises(SimulationError, match="never"):
+        Simulator(cat, [Job(_chain("a"), 0.0)], _Never(), seed=0).run()
+
+
+def test_step_api_matches_run():
+    cat = load_catalogue(f"{CATALOGUES}/speeds-1-2-4.yaml")
+    jobs = [Job(_chain(f"r{i}", 4), 3.0 * i) for i in range(6)]
+    placer = EarliestFinishPlacer()
+    sim = Simulator(cat, jobs, seed=1, duration_noise=0.2)
+    req = sim.reset()
+    while req is not None:
+        assert {r.run_key for r in req.ready} <= set(sim.graphs)
+        req = sim.step(placer.place(req, sim.graphs))
+    stepped = sim.result()
+    ran = Simulator(cat, jobs, placer, seed=1, duration_noise=0.2).run()
+    assert [j.finish_s for j in stepped.jobs] == [j.finish_s for j in ran.jobs]
+
+
+def test_elastic_pool_scales_up_and_down():
+    cat = load_catalogue(f"{CATALOGUES}/gpu-affinity.yaml")
+    wide = RunGraph("w", tuple(TaskNode(f"t{i}", duration_s=200.0) for i in range(40)), ())
+    jobs = [Job(wide, 0.0), Job(_chain("late", 1, 1.0), 5000.0)]
+    sim = Simulator(cat, jobs, EarliestFinishPlacer(), seed=0)
+    r = sim.run()
+    check_conservation(jobs, r, cat)
+    small = next(p for p in sim.pools if p.name == "cpu-small")
+    assert small.workers == small.min_workers  # scaled back down while idle
+    assert max(t.end_s for t in r.tasks if t.run_key == "w") < 40 * 200.0 / 14
+
+
+def test_bad_jobs_rejected():
+    cat = load_catalogue(f"{CATALOGUES}/speeds-1-2-4.yaml")
+    with pytest.raises(SimulationError, match="share run_key"):
+        Simulator(cat, [Job(_chain("a"), 0.0), Job(_chain("a"), 1.0)], EarliestFinishPlacer())
+    with pytest.raises(SimulationError, match="nope"):
+        Simulator(cat, [Job(_chain("a"), 0.0)], EarliestFinishPlacer(), outages=(Outage("nope", 0, 1),))

@@ -1,0 +1,146 @@
+"""Worker pools at run time: live and booting workers, slots, the FIFO queue, autoscaling, billing.
+
+One :class:`PoolRuntime` per :class:`~policy.catalogue.PoolSpec`. It models what a Celery queue
+served by a KEDA-scaled worker set looks like to the executor:
+
+* capacity is ``workers * slots_per_worker`` task slots (Celery concurrency);
+* a task sent to the pool waits in its FIFO queue until a slot frees;
+* an elastic pool (``min_workers != max_workers``) boots workers when its backlog needs them
+  (ready ``boot_delay_s`` later) and removes a worker after it has been surplus for
+  ``idle_scale_down_s``; workers are billed per ``billing_s`` started, from boot to removal;
+* an outage takes the pool down (no slots); a slow-down multiplies its speed for tasks started
+  while it lasts.
+
+The simulator owns the event queue; this module only keeps the counts and the bill.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from policy.catalogue import PoolSpec
+from policy.schema import PoolState
+
+
+@dataclass
+class PoolRuntime:
+    """Mutable state of one pool during a simulation."""
+
+    spec: PoolSpec
+    workers: int = 0
+    booting: int = 0
+    running: int = 0
+    inflight: int = 0
+    up: bool = True
+    speed_factor: float = 1.0
+    failure_rate: float = 0.0
+    queue: deque[tuple[int, int]] = field(default_factory=deque)
+    #: boot times of the workers alive or booting now (billing), newest last
+    alive_since: list[float] = field(default_factory=list)
+    surplus_since: float | None = None
+    cost: float = 0.0
+    busy_slot_s: float = 0.0
+    capacity_slot_s: float = 0.0
+    _last_t: float = 0.0
+    _state: PoolState | None = None
+    _state_key: tuple[int, int, int, bool] | None = None
+
+    @classmethod
+    def start(cls, spec: PoolSpec, failure_rate: float = 0.0) -> PoolRuntime:
+        rt = cls(spec=spec, workers=spec.workers, failure_rate=failure_rate)
+        rt.alive_since = [0.0] * spec.workers
+        return rt
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def slots(self) -> int:
+        return self.workers * self.spec.slots_per_worker if self.up else 0
+
+    @property
+    def queued(self) -> int:
+        return len(self.queue) + self.inflight
+
+    @property
+    def min_workers(self) -> int:
+        return self.spec.workers if self.spec.min_workers is None else self.spec.min_workers
+
+    @property
+    def max_workers(self) -> int:
+        return self.spec.workers if self.spec.max_workers is None else self.spec.max_workers
+
+    def can_start(self) -> bool:
+        return self.up and bool(self.queue) and self.running < self.slots
+
+    def account(self, now: float) -> None:
+        """Accumulate busy and available slot-seconds up to ``now`` (for utilisation)."""
+        dt = now - self._last_t
+        if dt > 0:
+            self.busy_slot_s += self.running * dt
+            self.capacity_slot_s += self.slots * dt
+            self._last_t = now
+
+    def state(self) -> PoolState:
+        """The pool as the executor reports it; reused while nothing it shows has changed."""
+        key = (self.slots, self.running, self.queued, self.up)
+        if key != self._state_key or self._state is None:
+            vm = self.spec.vm_class
+            self._state = PoolState(
+                name=self.spec.name, vm_class=vm.name, slots=key[0], cpus=vm.cpus,
+                memory_gb=vm.memory_gb, gpus=vm.gpus, speed=vm.speed * self.speed_factor,
+                price_per_hour=vm.price_per_hour, busy=self.running, queued=key[2], up=self.up,
+                failure_rate=self.failure_rate, affinity=vm.affinity,
+            )
+            self._state_key = key
+        return self._state
+
+    def invalidate(self) -> None:
+        self._state_key = None
+
+    # --- autoscaling -----------------------------------------------------------------------------
+
+    def wanted_workers(self) -> int:
+        spw = self.spec.slots_per_worker
+        need = math.ceil((self.running + self.queued) / spw)
+        return min(self.max_workers, max(self.min_workers, need))
+
+    def scale_up(self, now: float) -> int:
+        """Start booting workers the backlog needs; returns how many were started."""
+        if not self.spec.elastic or not self.up:
+            return 0
+        extra = self.wanted_workers() - self.workers - self.booting
+        for _ in range(max(0, extra)):
+            self.booting += 1
+            self.alive_since.append(now)
+        return max(0, extra)
+
+    def surplus(self) -> int:
+        """Idle workers beyond what the backlog needs (never below ``min_workers``)."""
+        if not self.spec.elastic or not self.up:
+            return 0
+        busy_workers = math.ceil(self.running / self.spec.slots_per_worker)
+        keep = max(self.wanted_workers(), busy_workers)
+        return max(0, self.workers - keep)
+
+    def remove_workers(self, n: int, now: float) -> None:
+        for _ in range(n):
+            self.workers -= 1
+            self._bill(self.alive_since.pop(), now)
+        self.invalidate()
+
+    def _bill(self, since: float, until: float) -> None:
+        billing = self.spec.billing_s
+        life = max(0.0, until - since)
+        billed = math.ceil(life / billing - 1e-9) * billing
+        self.cost += billed * self.spec.vm_class.price_per_hour / 3600.0
+
+    def close(self, now: float) -> None:
+        """Bill every worker still alive (or booting) at the end of the simulation."""
+        self.account(now)
+        for since in self.alive_since:
+            self._bill(since, now)
+        self.alive_since.clear()
