@@ -17,14 +17,20 @@ SUBCOMMANDS = {
 }
 
 
-def build_parser(prog: str, subcommands: dict[str, tuple[str, str]], description: str) -> argparse.ArgumentParser:
+def build_parser(
+    prog: str, subcommands: dict[str, tuple[str, str]], description: str, argv: list[str] | None = None
+) -> argparse.ArgumentParser:
+    """A parser whose chosen subcommand's module (only) is imported to declare its arguments."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--log-level", default="INFO", help="logging level (default: %(default)s)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    args = sys.argv[1:] if argv is None else argv
+    chosen = next((a for a in args if not a.startswith("-")), None)
     for name, (module, help_text) in subcommands.items():
         sp = sub.add_parser(name, help=help_text, description=help_text)
         sp.set_defaults(_module=module)
-        importlib.import_module(module).add_arguments(sp)
+        if name == chosen:
+            importlib.import_module(module).add_arguments(sp)
     return parser
 
 
@@ -38,7 +44,7 @@ def dispatch(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser("drl-policy", SUBCOMMANDS, "The GNN placement policy server.")
+    parser = build_parser("drl-policy", SUBCOMMANDS, "The GNN placement policy server.", argv)
     return dispatch(parser, argv)
 
 

@@ -18,16 +18,7 @@ SUBCOMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    available = {}
-    for name, (module, help_text) in SUBCOMMANDS.items():
-        try:
-            __import__(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-            continue
-        available[name] = (module, help_text)
-    parser = build_parser("drl-trainer", available, "Simulator, baselines, training and evaluation.")
+    parser = build_parser("drl-trainer", SUBCOMMANDS, "Simulator, baselines, training and evaluation.", argv)
     return dispatch(parser, argv)
 
 

@@ -1,0 +1,206 @@
+"""The executor's side of the placement queues: one batched request, one reply, a hard deadline.
+
+The client never raises anything but :class:`PlacementUnavailable`, whose ``reason`` the executor
+copies into every fallback decision. Redis connection loss starts a capped exponential back-off
+during which requests fail at once, so a dead Redis costs the scheduler loop nothing; a policy
+server whose heartbeat is stale is skipped at once too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+import redis
+
+from policy.errors import SchemaError
+from policy.schema import (
+    PlacementReply,
+    PlacementRequest,
+    RunEntry,
+    RunGraph,
+    RunRef,
+    dumps,
+    loads_json,
+)
+from policy.transport import PAYLOAD_FIELD, STREAM_MAXLEN, Keys
+
+log = logging.getLogger(__name__)
+
+MAX_REPLY_BYTES = 8 * 1024 * 1024
+
+
+class PlacementUnavailable(Exception):
+    """The policy server gave no usable answer in time; ``reason`` says why, for the fallback."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class PlacementClient:
+    """Sends :class:`PlacementRequest` s to the policy servers and waits for the reply.
+
+    Graphs already sent are remembered (``run_key -> digest``, bounded LRU) and sent again as
+    :class:`RunRef`; an ``unknown_graph`` reply (server restarted, cache evicted) makes the client
+    resend the full graphs once, if the deadline allows.
+    """
+
+    def __init__(
+        self,
+        redis_url: str,
+        *,
+        prefix: str = "drl",
+        timeout_ms: int = 200,
+        stale_after_s: float = 15.0,
+        backoff_max_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        remembered_runs: int = 10_000,
+    ) -> None:
+        self.keys = Keys(prefix)
+        self.timeout_s = timeout_ms / 1000.0
+        self.stale_after_s = stale_after_s
+        self.backoff_max_s = backoff_max_s
+        self._clock = clock
+        self._redis = redis.Redis.from_url(
+            redis_url,
+            socket_timeout=self.timeout_s + 0.5,
+            socket_connect_timeout=min(1.0, self.timeout_s + 0.1),
+            health_check_interval=30,
+        )
+        self._sent: OrderedDict[str, str] = OrderedDict()
+        self._remembered_runs = remembered_runs
+        self._failures = 0
+        self._retry_at = 0.0
+        self._last_error = ""
+        self._live_checked_at = -1e9
+        self._live_reason: str | None = None
+
+    # --- public -----------------------------------------------------------------------------
+
+    def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> PlacementReply:
+        """Ask for a placement of every ready task in ``request``; ``graphs`` holds the full graphs.
+
+        Raises :class:`PlacementUnavailable` on timeout, error reply, dead server or dead Redis.
+        """
+        start = self._clock()
+        deadline = start + self.timeout_s
+        if start < self._retry_at:
+            raise PlacementUnavailable(
+                f"redis unreachable ({self._last_error}); retrying in {self._retry_at - start:.1f}s"
+            )
+        try:
+            self._check_live(start)
+            reply = self._round_trip(request, graphs, deadline, resend=False)
+            if reply.error_code == "unknown_graph" and self._clock() < deadline:
+                reply = self._round_trip(request, graphs, deadline, resend=True)
+        except redis.RedisError as exc:
+            self._on_redis_error(exc)
+            raise PlacementUnavailable(f"redis error: {exc}") from exc
+        self._failures = 0
+        if not reply.ok:
+            if reply.error_code == "unknown_graph":
+                for run_key in graphs:
+                    self._sent.pop(run_key, None)
+            raise PlacementUnavailable(f"policy server error {reply.error_code}: {reply.error}")
+        return reply
+
+    def close(self) -> None:
+        self._redis.close()
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _check_live(self, now: float) -> None:
+        """Fail fast when no server replica has a fresh heartbeat (checked at most once a second)."""
+        if now - self._live_checked_at >= 1.0:
+            self._live_checked_at = now
+            self._live_reason = self._liveness()
+        if self._live_reason is not None:
+            raise PlacementUnavailable(self._live_reason)
+
+    def _liveness(self) -> str | None:
+        beats = self._redis.hgetall(self.keys.heartbeat)
+        if not beats:
+            return "no policy server has registered a heartbeat"
+        wall = time.time()
+        freshest = max((_heartbeat_ts(v) for v in beats.values()), default=0.0)
+        age = wall - freshest
+        if age > self.stale_after_s:
+            return f"no live policy server (freshest heartbeat {age:.0f}s old)"
+        return None
+
+    def _entries(self, graphs: Mapping[str, RunGraph], resend: bool) -> tuple[RunEntry, ...]:
+        out: list[RunEntry] = []
+        for run_key, graph in graphs.items():
+            if not resend and self._sent.get(run_key) == graph.digest:
+                out.append(RunRef(run_key=run_key, digest=graph.digest))
+            else:
+                out.append(graph)
+        return tuple(out)
+
+    def _round_trip(
+        self, request: PlacementRequest, graphs: Mapping[str, RunGraph], deadline: float, *, resend: bool
+    ) -> PlacementReply:
+        remaining = deadline - self._clock()
+        if remaining <= 0:
+            raise PlacementUnavailable(f"no reply within {self.timeout_s * 1000:.0f} ms")
+        message = replace(
+            request,
+            runs=self._entries(graphs, resend),
+            created_at=time.time(),
+            deadline_ms=remaining * 1000.0,
+        )
+        reply_key = self.keys.reply(request.request_id)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.delete(reply_key)
+        pipe.xadd(
+            self.keys.requests, {PAYLOAD_FIELD: dumps(message)}, maxlen=STREAM_MAXLEN, approximate=True
+        )
+        pipe.execute()
+        for entry in message.runs:
+            if isinstance(entry, RunGraph):
+                self._remember(entry)
+        remaining = deadline - self._clock()
+        got = self._redis.blpop([reply_key], timeout=max(remaining, 0.001))
+        if got is None:
+            raise PlacementUnavailable(f"no reply within {self.timeout_s * 1000:.0f} ms")
+        try:
+            reply = PlacementReply.from_json(loads_json(got[1], max_bytes=MAX_REPLY_BYTES))
+        except SchemaError as exc:
+            raise PlacementUnavailable(f"malformed reply: {exc}") from exc
+        if reply.request_id != request.request_id:
+            raise PlacementUnavailable(f"reply for {reply.request_id!r}, expected {request.request_id!r}")
+        return reply
+
+    def _remember(self, graph: RunGraph) -> None:
+        self._sent[graph.run_key] = graph.digest
+        self._sent.move_to_end(graph.run_key)
+        while len(self._sent) > self._remembered_runs:
+            self._sent.popitem(last=False)
+
+    def _on_redis_error(self, exc: Exception) -> None:
+        self._failures += 1
+        delay = min(self.backoff_max_s, 0.5 * 2 ** (self._failures - 1))
+        self._retry_at = self._clock() + delay
+        self._last_error = str(exc)
+        self._sent.clear()  # the server side may have restarted with the Redis
+        log.warning("Redis error %s (failure %d); placement falls back for %.1fs", exc, self._failures, delay)
+
+
+def _heartbeat_ts(value: bytes | str) -> float:
+    """Heartbeat values are epoch seconds, bare or as JSON ``{"ts": ...}``."""
+    text = value.decode() if isinstance(value, bytes) else value
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return 0.0
+    ts = obj.get("ts") if isinstance(obj, dict) else None
+    return float(ts) if isinstance(ts, (int, float)) else 0.0

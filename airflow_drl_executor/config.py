@@ -1,0 +1,136 @@
+"""The ``[drl_executor]`` section of airflow.cfg, read once when the executor starts.
+
+Every option is declared (description, type, default) in :mod:`airflow_drl_executor.provider`;
+:data:`OPTIONS` below is that declaration's single source, and :meth:`ExecutorConfig.from_conf`
+validates each value where it enters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Protocol
+
+SECTION = "drl_executor"
+
+
+def packaged_catalogue(name: str = "demo") -> str:
+    """Path of a pool catalogue shipped with the package (``policy/catalogues/NAME.yaml``)."""
+    return str(resources.files("policy") / "catalogues" / f"{name}.yaml")
+
+
+#: option -> (type, default, description); the provider metadata is generated from this.
+OPTIONS: dict[str, tuple[str, str | None, str]] = {
+    "redis_url": (
+        "string",
+        "redis://127.0.0.1:6379/0",
+        "Redis URL of the placement queues (redis:// or rediss://, with password or ACL user).",
+    ),
+    "key_prefix": ("string", "drl", "Prefix of every Redis key the executor and the policy server use."),
+    "catalogue": (
+        "string",
+        None,
+        "Path of the pool catalogue YAML (worker pools = Celery queues, their VM classes and slots). "
+        "Default: the demo catalogue shipped in policy/catalogues/demo.yaml.",
+    ),
+    "decision_timeout_ms": (
+        "integer",
+        "200",
+        "How long one batched placement request may wait for the policy server before the executor "
+        "places the batch itself with the fallback heuristic. Bounds the scheduler loop's extra delay.",
+    ),
+    "server_stale_after_s": (
+        "integer",
+        "15",
+        "A policy server whose heartbeat is older than this is considered dead: the executor falls "
+        "back at once instead of waiting for the timeout.",
+    ),
+    "reconnect_backoff_max_s": (
+        "integer",
+        "30",
+        "Upper bound of the exponential back-off between Redis reconnection attempts.",
+    ),
+    "default_duration_s": (
+        "float",
+        "60",
+        "Expected duration of a task with no history and no executor_config hint (seconds at speed 1).",
+    ),
+    "history_ttl_s": (
+        "integer",
+        "300",
+        "How long per-DAG duration history read from the metadata database is cached.",
+    ),
+    "record_traces": (
+        "boolean",
+        "True",
+        "Record every placement in the drl_placement table (training traces and the UI's placements page).",
+    ),
+}
+
+
+class ConfLike(Protocol):
+    def get(self, section: str, key: str, fallback: Any = ...) -> Any: ...
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    """Validated ``[drl_executor]`` options (see :data:`OPTIONS` for each one's meaning)."""
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = "drl"
+    catalogue: str = ""
+    decision_timeout_ms: int = 200
+    server_stale_after_s: int = 15
+    reconnect_backoff_max_s: int = 30
+    default_duration_s: float = 60.0
+    history_ttl_s: int = 300
+    record_traces: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"[{SECTION}] redis_url must start with redis://, rediss:// or unix://, "
+                             f"got {self.redis_url!r}")
+        if not self.key_prefix or ":" in self.key_prefix:
+            raise ValueError(f"[{SECTION}] key_prefix must be non-empty without ':', got {self.key_prefix!r}")
+        if not 1 <= self.decision_timeout_ms <= 10_000:
+            raise ValueError(f"[{SECTION}] decision_timeout_ms must be in 1..10000, got {self.decision_timeout_ms}")
+        if self.server_stale_after_s <= 0 or self.reconnect_backoff_max_s <= 0:
+            raise ValueError(f"[{SECTION}] server_stale_after_s and reconnect_backoff_max_s must be > 0")
+        if self.default_duration_s <= 0:
+            raise ValueError(f"[{SECTION}] default_duration_s must be > 0, got {self.default_duration_s}")
+        if self.history_ttl_s < 0:
+            raise ValueError(f"[{SECTION}] history_ttl_s must be >= 0, got {self.history_ttl_s}")
+
+    @classmethod
+    def from_conf(cls, conf: ConfLike) -> ExecutorConfig:
+        """Read and validate the section from Airflow's config (an ``ExecutorConf`` or ``conf``)."""
+        values: dict[str, Any] = {}
+        for key, (kind, default, _) in OPTIONS.items():
+            raw = conf.get(SECTION, key, fallback=default)
+            if raw is None or raw == "":
+                continue
+            try:
+                if kind == "integer":
+                    values[key] = int(raw)
+                elif kind == "float":
+                    values[key] = float(raw)
+                elif kind == "boolean":
+                    values[key] = _to_bool(raw)
+                else:
+                    values[key] = str(raw)
+            except ValueError as exc:
+                raise ValueError(f"[{SECTION}] {key}: expected {kind}, got {raw!r}") from exc
+        if not values.get("catalogue"):
+            values["catalogue"] = packaged_catalogue()
+        return cls(**values)
+
+
+def _to_bool(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {raw!r}")

@@ -1,0 +1,257 @@
+"""DRLExecutor: a CeleryExecutor that asks a placement policy which worker pool runs each task.
+
+For every batch of ready workloads the scheduler hands over, the executor builds ONE placement
+request (the runs' task graphs, their progress, the ready tasks and the pools' state), sends it to
+the policy server over Redis, sets each task instance's queue to the chosen pool (in the workload
+that travels to Celery, and in ``task_instance.queue`` so the UI shows it), dispatches through the
+Celery provider, and records the placement as a training trace. When the server does not answer
+within ``decision_timeout_ms`` the executor places the batch itself with the
+:class:`~policy.placement.EarliestFinishPlacer` and marks each decision as a fallback, with the
+reason. No policy failure ever fails a task or stalls the scheduler loop past that deadline.
+
+The module stays light (no torch, no Redis connection at import); options are read once in
+``__init__`` from ``[drl_executor]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.celery.executors.celery_executor import CeleryExecutor
+from sqlalchemy.exc import SQLAlchemyError
+
+from airflow_drl_executor import traces
+from airflow_drl_executor.client import PlacementClient, PlacementUnavailable
+from airflow_drl_executor.config import ExecutorConfig
+from airflow_drl_executor.graph_builder import GraphBuilder, ReadyInstance
+from policy.catalogue import Catalogue, load_catalogue
+from policy.errors import PolicyError
+from policy.placement import EarliestFinishPlacer
+from policy.schema import Decision, PlacementRequest, PoolState, RunGraph
+
+if TYPE_CHECKING:
+    from airflow.executors import workloads
+
+log = logging.getLogger(__name__)
+
+
+class DRLExecutor(CeleryExecutor):
+    """Celery executor with learned, per-task pool placement (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.drl_config = ExecutorConfig.from_conf(self.conf)
+        self.catalogue: Catalogue = load_catalogue(self.drl_config.catalogue)
+        self.default_queue = str(self.conf.get("operators", "default_queue", fallback="default"))
+        self.fallback_placer = EarliestFinishPlacer(fallback=True)
+        self.graph_builder = GraphBuilder(
+            pool_names=self.catalogue.names,
+            default_queue=self.default_queue,
+            default_duration_s=self.drl_config.default_duration_s,
+            history_ttl_s=self.drl_config.history_ttl_s,
+        )
+        self._client: PlacementClient | None = None
+        self._pool_of: dict[Any, str] = {}
+        self._traces_ready = False
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        super().start()
+        cfg = self.drl_config
+        self._client = PlacementClient(
+            cfg.redis_url,
+            prefix=cfg.key_prefix,
+            timeout_ms=cfg.decision_timeout_ms,
+            stale_after_s=cfg.server_stale_after_s,
+            backoff_max_s=cfg.reconnect_backoff_max_s,
+        )
+        self.log.info(
+            "DRLExecutor: pools %s from %s; policy server at %s (prefix %r, deadline %d ms)",
+            ", ".join(self.catalogue.names), self.catalogue.source, _redact(cfg.redis_url),
+            cfg.key_prefix, cfg.decision_timeout_ms,
+        )
+
+    def end(self, synchronous: bool = False) -> None:
+        if self._client is not None:
+            self._client.close()
+        super().end(synchronous=synchronous)
+
+    def change_state(self, key: Any, state: Any, info: Any = None, remove_running: bool = True) -> None:
+        super().change_state(key, state, info, remove_running=remove_running)
+        if key not in self.running:
+            self._pool_of.pop(key, None)
+
+    # --- placement -------------------------------------------------------------------------------
+
+    def _process_workloads(self, workload_items: Sequence[workloads.All]) -> None:
+        from airflow.executors.workloads import ExecuteTask
+
+        tasks = [w for w in workload_items if isinstance(w, ExecuteTask)]
+        records: list[tuple[Any, traces.PlacementRecord]] = []
+        if tasks:
+            records = self._place(tasks)
+        super()._process_workloads(workload_items)
+        if records and self.drl_config.record_traces:
+            self._record(records)
+
+    def _key(self, workload: Any) -> Any:
+        return self.get_task_key(workload.ti) if self.supports_task_instance_uuid else workload.ti.key
+
+    def pool_states(self) -> tuple[PoolState, ...]:
+        """The catalogue's pools with the slots this executor has in flight on each."""
+        busy = Counter(pool for key, pool in self._pool_of.items() if key in self.running)
+        return tuple(spec.state(busy=busy.get(spec.name, 0)) for spec in self.catalogue.pools)
+
+    def _place(self, tasks: Sequence[Any]) -> list[tuple[Any, traces.PlacementRecord]]:
+        from airflow.utils.session import create_session
+
+        started = time.perf_counter()
+        request_id = uuid.uuid4().hex
+        ready = [
+            ReadyInstance(
+                dag_id=w.ti.dag_id, run_id=w.ti.run_id, task_id=w.ti.task_id,
+                try_number=w.ti.try_number, dag_version_id=str(w.ti.dag_version_id),
+            )
+            for w in tasks
+        ]
+        pools = self.pool_states()
+        graphs: dict[str, RunGraph] = {}
+        policy, version = self.fallback_placer.name, self.fallback_placer.version
+        try:
+            with create_session() as session:
+                graphs, progress, ready_tasks = self.graph_builder.build(ready, session)
+            request = PlacementRequest(request_id=request_id, ready=tuple(ready_tasks), pools=pools,
+                                       progress=tuple(progress))
+            decisions, policy, version = self._decide(request, graphs)
+        except (PolicyError, SQLAlchemyError) as exc:
+            # The graph could not be built (bad executor_config hint, DB hiccup): keep each task's
+            # own queue when it is one of our pools, else the least-loaded pool; say why.
+            self.log.warning("DRLExecutor: cannot build placement request %s: %s", request_id, exc)
+            decisions = {}
+            reason_all = f"fallback: cannot build the request: {exc}"
+            for inst, w in zip(ready, tasks, strict=True):
+                pool = w.ti.queue if w.ti.queue in self.catalogue.names else _least_loaded(pools)
+                spec = self.catalogue.pool(pool)
+                decisions[(inst.run_key, inst.task_id)] = Decision(
+                    run_key=inst.run_key, task_id=inst.task_id, pool=pool, vm_class=spec.vm_class.name,
+                    reason=reason_all, fallback=True)
+        decision_ms = (time.perf_counter() - started) * 1000.0
+
+        records = []
+        for inst, w in zip(ready, tasks, strict=True):
+            decision = decisions[(inst.run_key, inst.task_id)]
+            w.ti.queue = decision.pool
+            key = self._key(w)
+            self._pool_of[key] = decision.pool
+            graph = graphs.get(inst.run_key)
+            features: dict[str, Any] = {}
+            if graph is not None:
+                node = graph.tasks[graph.index()[inst.task_id]]
+                features = node.to_json()
+            records.append((key, traces.PlacementRecord(
+                ti_id=str(w.ti.id), dag_id=inst.dag_id, run_id=inst.run_id, task_id=inst.task_id,
+                map_index=int(w.ti.map_index if w.ti.map_index is not None else -1),
+                try_number=inst.try_number, pool=decision.pool, vm_class=decision.vm_class,
+                score=decision.score, reason=decision.reason, fallback=decision.fallback,
+                policy=policy, policy_version=version, request_id=request_id,
+                decision_ms=decision_ms, features=features,
+            )))
+            self.log.info(
+                "placed %s/%s/%s try %d on %s (%s)%s: %s", inst.dag_id, inst.run_id, inst.task_id,
+                inst.try_number, decision.pool, decision.vm_class, " [fallback]" if decision.fallback else "",
+                decision.reason,
+            )
+        self._set_queues(tasks)
+        return records
+
+    def _decide(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]
+                ) -> tuple[dict[tuple[str, str], Decision], str, str]:
+        """Ask the server; fill whatever it did not (or could not) decide with the fallback."""
+        assert self._client is not None, "DRLExecutor.start() was not called"
+        decided: dict[tuple[str, str], Decision] = {}
+        policy, version, why = self.fallback_placer.name, self.fallback_placer.version, ""
+        try:
+            reply = self._client.place(request, graphs)
+            policy, version = reply.policy, reply.policy_version
+            names = set(self.catalogue.names)
+            for d in reply.decisions:
+                if d.pool in names:
+                    decided[(d.run_key, d.task_id)] = d
+                else:
+                    why = f"policy chose unknown pool {d.pool!r}"
+        except PlacementUnavailable as exc:
+            why = exc.reason
+        missing = [t for t in request.ready if t.key not in decided]
+        if missing:
+            if not why:
+                why = "policy server returned no decision for the task"
+            self.log.warning("DRLExecutor: request %s: fallback for %d task(s): %s",
+                             request.request_id, len(missing), why)
+            sub = PlacementRequest(request_id=request.request_id, ready=tuple(missing), pools=request.pools,
+                                   progress=request.progress)
+            for d in self.fallback_placer.place(sub, graphs):
+                decided[(d.run_key, d.task_id)] = Decision(
+                    run_key=d.run_key, task_id=d.task_id, pool=d.pool, vm_class=d.vm_class, score=d.score,
+                    reason=f"fallback ({why}): {d.reason}", fallback=True)
+        return decided, policy, version
+
+    def _set_queues(self, tasks: Sequence[Any]) -> None:
+        """Write each chosen queue to ``task_instance.queue`` (one UPDATE per pool)."""
+        from airflow.models.taskinstance import TaskInstance
+        from airflow.utils.session import create_session
+        from sqlalchemy import update
+
+        by_pool: dict[str, list[Any]] = {}
+        for w in tasks:
+            by_pool.setdefault(w.ti.queue, []).append(w.ti.id)
+        try:
+            with create_session() as session:
+                for pool, ids in by_pool.items():
+                    session.execute(
+                        update(TaskInstance).where(TaskInstance.id.in_(ids)).values(queue=pool)
+                        .execution_options(synchronize_session=False)
+                    )
+        except SQLAlchemyError as exc:
+            self.log.error("DRLExecutor: could not record queues of %d task(s) in the DB: %s", len(tasks), exc)
+
+    def _record(self, records: Sequence[tuple[Any, traces.PlacementRecord]]) -> None:
+        from airflow.utils.session import create_session
+
+        rows = []
+        for key, rec in records:
+            result = self.workloads.get(key)
+            celery_id = getattr(result, "task_id", None)
+            rows.append(rec if celery_id is None else _with_celery_id(rec, str(celery_id)))
+        try:
+            with create_session() as session:
+                conn = session.connection()
+                if not self._traces_ready:
+                    traces.ensure_schema(conn.engine)
+                    self._traces_ready = True
+                traces.write(conn, rows)
+        except SQLAlchemyError as exc:
+            self.log.error("DRLExecutor: lost %d placement trace(s): %s", len(rows), exc)
+
+
+def _with_celery_id(rec: traces.PlacementRecord, celery_id: str) -> traces.PlacementRecord:
+    from dataclasses import replace
+
+    return replace(rec, celery_id=celery_id)
+
+
+def _least_loaded(pools: Sequence[PoolState]) -> str:
+    live = [p for p in pools if p.up] or list(pools)
+    return max(live, key=lambda p: (p.free_slots, p.slots)).name
+
+
+def _redact(url: str) -> str:
+    if "@" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://***@{rest.split('@', 1)[1]}"

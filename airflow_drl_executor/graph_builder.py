@@ -1,0 +1,212 @@
+"""Turns the DAG runs of a batch of ready task instances into placement-request pieces.
+
+Runs in the scheduler process, on the scheduler's metadata database: the DAG structure comes from
+the serialized DAG of each task instance's ``dag_version_id`` (cached per version), expected
+durations from the history of successful task instances (cached per DAG for ``history_ttl_s``),
+hints from the task's ``executor_config={"drl": {...}}``, and progress from the run's task
+instance states. Mapped task instances of one task share one graph node (and one placement).
+
+Task hints (all optional)::
+
+    executor_config={"drl": {"duration_s": 120, "cpus": 2, "memory_gb": 8, "gpus": 1,
+                             "kind": "gpu_train", "pool": "gpu"}}
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from policy.errors import SchemaError
+from policy.schema import ReadyTask, RunGraph, RunProgress, TaskNode
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+log = logging.getLogger(__name__)
+
+FINISHED_STATES = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
+RUNNING_STATES = frozenset({"running", "queued", "restarting"})
+_HINTS = ("duration_s", "cpus", "memory_gb", "gpus", "priority")
+
+
+@dataclass(frozen=True)
+class ReadyInstance:
+    """What the graph builder needs from one ready task instance (an ``ExecuteTask`` workload)."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    try_number: int
+    dag_version_id: str
+
+    @property
+    def run_key(self) -> str:
+        return f"{self.dag_id}/{self.run_id}"
+
+
+@dataclass(frozen=True)
+class _Structure:
+    task_ids: tuple[str, ...]
+    edges: tuple[tuple[int, int], ...]
+    hints: tuple[Mapping[str, Any], ...]
+    queues: tuple[str, ...]
+    weights: tuple[float, ...]
+
+
+def task_node(task_id: str, hints: Mapping[str, Any], queue: str, weight: float, *, duration_s: float,
+              pool_names: Iterable[str], default_queue: str) -> TaskNode:
+    """One graph node from a task's queue, priority weight and ``executor_config["drl"]`` hints."""
+    values: dict[str, Any] = {"duration_s": duration_s, "priority": max(weight, 0.0)}
+    for key in _HINTS:
+        if key in hints:
+            value = hints[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise SchemaError(f"task {task_id!r}: executor_config drl.{key} must be a number >= 0, "
+                                  f"got {value!r}")
+            values[key] = float(value)
+    kind = hints.get("kind", "default")
+    if not isinstance(kind, str) or not kind:
+        raise SchemaError(f"task {task_id!r}: executor_config drl.kind must be a string, got {kind!r}")
+    pool = hints.get("pool")
+    names = set(pool_names)
+    if pool is None and queue in names and queue != default_queue:
+        pool = queue  # the DAG author typed one of our pools: honour it as a pin
+    if pool is not None and pool not in names:
+        raise SchemaError(f"task {task_id!r}: pinned pool {pool!r} is not one of {sorted(names)}")
+    return TaskNode(task_id=task_id, kind=kind, pool=pool, **values)
+
+
+class GraphBuilder:
+    """Builds :class:`RunGraph`, :class:`RunProgress` and :class:`ReadyTask` for ready instances."""
+
+    def __init__(self, *, pool_names: Sequence[str], default_queue: str, default_duration_s: float,
+                 history_ttl_s: float) -> None:
+        self.pool_names = tuple(pool_names)
+        self.default_queue = default_queue
+        self.default_duration_s = default_duration_s
+        self.history_ttl_s = history_ttl_s
+        self._structures: dict[str, _Structure] = {}
+        self._history: dict[str, tuple[float, dict[str, float]]] = {}
+        self._graphs: dict[tuple[str, str], tuple[float, RunGraph]] = {}
+
+    def build(self, ready: Sequence[ReadyInstance], session: Session
+              ) -> tuple[dict[str, RunGraph], list[RunProgress], list[ReadyTask]]:
+        graphs: dict[str, RunGraph] = {}
+        tasks: dict[tuple[str, str], ReadyTask] = {}
+        for inst in ready:
+            if inst.run_key not in graphs:
+                graphs[inst.run_key] = self._graph(inst, session)
+            key = (inst.run_key, inst.task_id)
+            if key not in tasks:  # mapped instances share one node
+                tasks[key] = ReadyTask(run_key=inst.run_key, task_id=inst.task_id, try_number=inst.try_number)
+        progress = self._progress({(i.dag_id, i.run_id) for i in ready}, session)
+        self._evict(set(graphs))
+        return graphs, progress, list(tasks.values())
+
+    # --- structure, history, progress --------------------------------------------------------
+
+    def _graph(self, inst: ReadyInstance, session: Session) -> RunGraph:
+        now = time.monotonic()
+        cache_key = (inst.run_key, inst.dag_version_id)
+        cached = self._graphs.get(cache_key)
+        if cached is not None and now - cached[0] < self.history_ttl_s:
+            return cached[1]
+        structure = self._structure(inst.dag_version_id, session)
+        durations = self._durations(inst.dag_id, session)
+        nodes = tuple(
+            task_node(tid, hints, queue, weight,
+                      duration_s=durations.get(tid, self.default_duration_s),
+                      pool_names=self.pool_names, default_queue=self.default_queue)
+            for tid, hints, queue, weight in zip(
+                structure.task_ids, structure.hints, structure.queues, structure.weights, strict=True)
+        )
+        graph = RunGraph(run_key=inst.run_key, tasks=nodes, edges=structure.edges)
+        self._graphs[cache_key] = (now, graph)
+        return graph
+
+    def _structure(self, version_id: str, session: Session) -> _Structure:
+        hit = self._structures.get(version_id)
+        if hit is not None:
+            return hit
+        from airflow.models.dagbag import DBDagBag
+
+        dag = DBDagBag(load_op_links=False).get_dag(version_id, session)
+        if dag is None:
+            raise SchemaError(f"dag version {version_id}: no serialized DAG in the metadata database")
+        ops = sorted(dag.tasks, key=lambda t: t.task_id)
+        index = {t.task_id: i for i, t in enumerate(ops)}
+        edges = tuple(sorted(
+            (index[t.task_id], index[d]) for t in ops for d in t.downstream_task_ids if d in index
+        ))
+        hints = []
+        for t in ops:
+            config = t.executor_config or {}
+            drl = config.get("drl", {}) if isinstance(config, Mapping) else {}
+            hints.append(drl if isinstance(drl, Mapping) else {})
+        structure = _Structure(
+            task_ids=tuple(t.task_id for t in ops),
+            edges=edges,
+            hints=tuple(hints),
+            queues=tuple(str(t.queue) for t in ops),
+            weights=tuple(float(t.priority_weight or 1) for t in ops),
+        )
+        self._structures[version_id] = structure
+        return structure
+
+    def _durations(self, dag_id: str, session: Session) -> dict[str, float]:
+        now = time.monotonic()
+        hit = self._history.get(dag_id)
+        if hit is not None and now - hit[0] < self.history_ttl_s:
+            return hit[1]
+        from airflow.models.taskinstance import TaskInstance
+        from sqlalchemy import func, select
+
+        rows = session.execute(
+            select(TaskInstance.task_id, func.avg(TaskInstance.duration))
+            .where(TaskInstance.dag_id == dag_id, TaskInstance.state == "success",
+                   TaskInstance.duration.is_not(None))
+            .group_by(TaskInstance.task_id)
+        ).all()
+        durations = {task_id: max(float(avg), 0.001) for task_id, avg in rows if avg is not None}
+        self._history[dag_id] = (now, durations)
+        return durations
+
+    def _progress(self, runs: set[tuple[str, str]], session: Session) -> list[RunProgress]:
+        from airflow.models.dagrun import DagRun
+        from airflow.models.taskinstance import TaskInstance
+        from sqlalchemy import and_, or_, select
+
+        if not runs:
+            return []
+        ti_rows = session.execute(
+            select(TaskInstance.dag_id, TaskInstance.run_id, TaskInstance.task_id, TaskInstance.state)
+            .where(or_(*(and_(TaskInstance.dag_id == d, TaskInstance.run_id == r) for d, r in runs)))
+        ).all()
+        run_rows = session.execute(
+            select(DagRun.dag_id, DagRun.run_id, DagRun.start_date)
+            .where(or_(*(and_(DagRun.dag_id == d, DagRun.run_id == r) for d, r in runs)))
+        ).all()
+        finished: dict[str, set[str]] = {f"{d}/{r}": set() for d, r in runs}
+        running: dict[str, set[str]] = {f"{d}/{r}": set() for d, r in runs}
+        for dag_id, run_id, task_id, state in ti_rows:
+            key = f"{dag_id}/{run_id}"
+            state = str(state.value if hasattr(state, "value") else state) if state else ""
+            if state in FINISHED_STATES:
+                finished[key].add(task_id)
+            elif state in RUNNING_STATES:
+                running[key].add(task_id)
+        ages = {f"{d}/{r}": (time.time() - start.timestamp()) if start else 0.0 for d, r, start in run_rows}
+        return [
+            RunProgress(run_key=key, finished=tuple(sorted(finished[key])),
+                        running=tuple(sorted(running[key] - finished[key])), age_s=max(ages.get(key, 0.0), 0.0))
+            for key in sorted(finished)
+        ]
+
+    def _evict(self, active: set[str], keep: int = 4096) -> None:
+        if len(self._graphs) > keep:
+            for key in [k for k in self._graphs if k[0] not in active][: len(self._graphs) - keep]:
+                del self._graphs[key]

@@ -1,0 +1,37 @@
+"""Provider metadata (entry point ``apache_airflow_provider``): the executor, its CLI, its options."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_drl_executor.config import OPTIONS, SECTION
+
+
+def get_provider_info() -> dict[str, Any]:
+    options = {
+        key: {
+            "description": description,
+            "version_added": "0.1.0",
+            "type": kind,
+            "example": None,
+            "default": default,
+        }
+        for key, (kind, default, description) in OPTIONS.items()
+    }
+    return {
+        "package-name": "airflow-drl-executor",
+        "name": "DRL Executor",
+        "description": "An executor that asks a GNN policy server which Celery worker pool runs each task.",
+        "versions": ["0.1.0"],
+        "executors": ["airflow_drl_executor.DRLExecutor"],
+        # Without a cli entry the inherited Celery CLI is registered twice and every airflow
+        # command fails (seen on Airflow 3.3.2).
+        "cli": ["airflow_drl_executor.executor.DRLExecutor.get_cli_commands"],
+        "plugins": [{"name": "drl_executor", "plugin-class": "airflow_drl_executor.plugin.DRLExecutorPlugin"}],
+        "config": {
+            SECTION: {
+                "description": "Placement of task instances on Celery worker pools by a learned policy.",
+                "options": options,
+            }
+        },
+    }

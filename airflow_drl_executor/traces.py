@@ -1,0 +1,127 @@
+"""Placement traces: one row per placed task instance try, in the Airflow metadata database.
+
+At dispatch the executor records (ti id, try, chosen pool, VM class, score, reason, fallback flag,
+policy and version, decision latency, Celery task id, the task's features); outcomes (start, end,
+state, worker hostname) stay where Airflow keeps them, in ``task_instance`` /
+``task_instance_history``, and :func:`outcomes_query` joins the two. These rows are the nightly
+fine-tuning's training data and the UI's placements page.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    insert,
+    text,
+)
+from sqlalchemy.engine import Connection, Engine
+
+log = logging.getLogger(__name__)
+
+metadata = MetaData()
+
+placements = Table(
+    "drl_placement",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("ti_id", String(36), nullable=False, index=True),
+    Column("dag_id", String(250), nullable=False),
+    Column("run_id", String(250), nullable=False),
+    Column("task_id", String(250), nullable=False),
+    Column("map_index", Integer, nullable=False, default=-1),
+    Column("try_number", Integer, nullable=False),
+    Column("pool", String(250), nullable=False),
+    Column("vm_class", String(250), nullable=False),
+    Column("score", Float, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("fallback", Boolean, nullable=False),
+    Column("policy", String(100), nullable=False),
+    Column("policy_version", String(100), nullable=False),
+    Column("request_id", String(64), nullable=False),
+    Column("decision_ms", Float, nullable=False),
+    Column("celery_id", String(64), nullable=True),
+    Column("features", Text, nullable=False),
+    Column("decided_at", DateTime(timezone=True), nullable=False),
+)
+
+
+@dataclass(frozen=True)
+class PlacementRecord:
+    """One row of ``drl_placement``."""
+
+    ti_id: str
+    dag_id: str
+    run_id: str
+    task_id: str
+    map_index: int
+    try_number: int
+    pool: str
+    vm_class: str
+    score: float
+    reason: str
+    fallback: bool
+    policy: str
+    policy_version: str
+    request_id: str
+    decision_ms: float
+    features: dict[str, Any]
+    celery_id: str | None = None
+
+    def row(self, decided_at: dt.datetime) -> dict[str, Any]:
+        return {
+            "ti_id": self.ti_id, "dag_id": self.dag_id, "run_id": self.run_id, "task_id": self.task_id,
+            "map_index": self.map_index, "try_number": self.try_number, "pool": self.pool,
+            "vm_class": self.vm_class, "score": self.score, "reason": self.reason[:2000],
+            "fallback": self.fallback, "policy": self.policy, "policy_version": self.policy_version,
+            "request_id": self.request_id, "decision_ms": self.decision_ms, "celery_id": self.celery_id,
+            "features": json.dumps(self.features, sort_keys=True), "decided_at": decided_at,
+        }
+
+
+def ensure_schema(engine: Engine) -> None:
+    """Create the ``drl_placement`` table if it does not exist."""
+    metadata.create_all(engine, checkfirst=True)
+
+
+def write(conn: Connection, records: Sequence[PlacementRecord]) -> None:
+    """Insert ``records`` in one statement."""
+    if records:
+        now = dt.datetime.now(dt.timezone.utc)
+        conn.execute(insert(placements), [r.row(now) for r in records])
+
+
+def outcomes_query(limit: int = 500) -> Any:
+    """Placements joined with what happened: latest first (works on PostgreSQL and SQLite)."""
+    return text(
+        """
+        SELECT p.dag_id, p.run_id, p.task_id, p.map_index, p.try_number, p.pool, p.vm_class,
+               p.score, p.reason, p.fallback, p.policy, p.policy_version, p.decision_ms,
+               p.celery_id, p.decided_at,
+               COALESCE(h.start_date, t.start_date) AS start_date,
+               COALESCE(h.end_date, t.end_date) AS end_date,
+               COALESCE(h.state, t.state) AS state,
+               COALESCE(h.hostname, t.hostname) AS hostname
+        FROM drl_placement p
+        LEFT JOIN task_instance t
+               ON CAST(t.id AS VARCHAR(36)) = p.ti_id AND t.try_number = p.try_number
+        LEFT JOIN task_instance_history h
+               ON CAST(h.task_instance_id AS VARCHAR(36)) = p.ti_id AND h.try_number = p.try_number
+        ORDER BY p.id DESC
+        LIMIT :limit
+        """
+    ).bindparams(limit=limit)
