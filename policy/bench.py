@@ -1,0 +1,367 @@
+"""``drl-policy bench``: round-trip latency and throughput of a policy server through a real Redis.
+
+Drives the server exactly as the executor does: each client ``XADD``s a request to the stream and
+``BLPOP``s its reply key; the first request of a DAG run carries the full graph, later ones a
+:class:`~policy.schema.RunRef` (and the full graph again after an ``unknown_graph`` reply). With
+``--redis`` it measures the server(s) already running there; without, it starts a private
+``redis-server`` (loopback, random port, password) and a server process, measures, and stops them.
+
+Cases: DAG runs of ``--dag-sizes`` tasks x ``--ready`` ready tasks per request x ``--clients``
+concurrent clients. Prints a table and writes JSON (``cases[]`` with ``dag_tasks``,
+``ready_tasks``, ``clients``, ``p50_ms``, ``p99_ms``, ``decisions_per_s``, ``device``).
+
+``--soak S`` instead runs one case for ``S`` seconds at ``--rate`` requests/s and reports the
+server's RSS at the start and the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import redis
+
+from policy.catalogue import Catalogue, load_catalogue
+from policy.schema import (
+    PlacementReply,
+    PlacementRequest,
+    ReadyTask,
+    RunEntry,
+    RunGraph,
+    RunRef,
+    TaskNode,
+    dumps,
+)
+from policy.transport import PAYLOAD_FIELD, STREAM_MAXLEN, Keys
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CATALOGUE = Path(__file__).parent / "catalogues" / "demo.yaml"
+
+
+# --- private processes -----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class PrivateRedis:
+    """A redis-server on loopback with a password, in a temporary folder."""
+
+    port: int
+    password: str
+    proc: subprocess.Popen[bytes]
+    folder: str
+
+    @property
+    def url(self) -> str:
+        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def start_redis(port: int | None = None, password: str | None = None) -> PrivateRedis:
+    """Start ``redis-server`` on 127.0.0.1 (no persistence); raises RuntimeError if it does not come up."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+    port = port or free_port()
+    password = password or secrets.token_hex(12)
+    folder = tempfile.mkdtemp(prefix="drl-redis-")
+    proc = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--requirepass", password,
+         "--save", "", "--appendonly", "no", "--dir", folder, "--daemonize", "no",
+         "--loglevel", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    srv = PrivateRedis(port=port, password=password, proc=proc, folder=folder)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"redis-server exited with {proc.returncode} on port {port}")
+        try:
+            if srv.client().ping():
+                return srv
+        except redis.ConnectionError:
+            time.sleep(0.02)
+    srv.stop()
+    raise RuntimeError(f"redis-server did not answer on port {port} within 10 s")
+
+
+def start_server(url: str, prefix: str, extra: list[str] | None = None,
+                 log_path: str | None = None) -> subprocess.Popen[bytes]:
+    """``drl-policy serve`` as a child process (stdout/stderr to ``log_path`` or discarded)."""
+    cmd = [sys.executable, "-m", "policy.cli", "--log-level", "WARNING", "serve", "--redis", url,
+           "--prefix", prefix, *(extra or [])]
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - child owns it
+    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+
+
+def wait_for_server(r: redis.Redis, keys: Keys, count: int = 1, timeout_s: float = 30.0) -> None:
+    """Wait until ``count`` replicas have written a heartbeat."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if r.hlen(keys.heartbeat) >= count:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"no policy server heartbeat on {keys.heartbeat} within {timeout_s} s")
+
+
+# --- workload ------------------------------------------------------------------------------------
+
+
+def layered_dag(n_tasks: int, run_key: str, rng: np.random.Generator) -> RunGraph:
+    """A layered random DAG: ~sqrt(n) layers, each task with 1-3 parents in the layer above."""
+    widths = max(1, int(round(n_tasks ** 0.5)))
+    tasks = tuple(
+        TaskNode(task_id=f"t{i:05d}", duration_s=float(rng.lognormal(4.5, 0.8)),
+                 cpus=float(rng.choice([1, 2, 4])), memory_gb=float(rng.choice([1, 2, 8])),
+                 kind="gpu_train" if rng.random() < 0.1 else "default")
+        for i in range(n_tasks)
+    )
+    edges: list[tuple[int, int]] = []
+    for i in range(widths, n_tasks):
+        layer_start = (i // widths - 1) * widths
+        for p in set(rng.integers(layer_start, layer_start + widths, size=int(rng.integers(1, 4)))):
+            edges.append((int(p), i))
+    return RunGraph(run_key=run_key, tasks=tasks, edges=tuple(edges))
+
+
+class Client:
+    """The executor's side of the protocol: XADD a request, BLPOP the reply."""
+
+    def __init__(self, r: redis.Redis, keys: Keys) -> None:
+        self.r = r
+        self.keys = keys
+        self.sent: set[tuple[str, str]] = set()
+
+    def ask(self, graphs: list[RunGraph], ready: list[ReadyTask], pools: Catalogue,
+            deadline_ms: float = 1000.0) -> PlacementReply:
+        runs: list[RunEntry] = [
+            RunRef(g.run_key, g.digest) if (g.run_key, g.digest) in self.sent else g for g in graphs
+        ]
+        reply = self._roundtrip(runs, ready, pools, deadline_ms)
+        if reply.error_code == "unknown_graph":
+            reply = self._roundtrip(list(graphs), ready, pools, deadline_ms)
+        if reply.ok:
+            self.sent.update((g.run_key, g.digest) for g in graphs)
+        return reply
+
+    def _roundtrip(self, runs: list[RunEntry], ready: list[ReadyTask], pools: Catalogue,
+                   deadline_ms: float) -> PlacementReply:
+        req = PlacementRequest(request_id=uuid.uuid4().hex, ready=tuple(ready), pools=pools.states(),
+                               runs=tuple(runs), created_at=time.time(), deadline_ms=deadline_ms)
+        self.r.xadd(self.keys.requests, {PAYLOAD_FIELD: dumps(req)}, maxlen=STREAM_MAXLEN,
+                    approximate=True)
+        got: Any = self.r.blpop([self.keys.reply(req.request_id)], timeout=deadline_ms / 1000)
+        if got is None:
+            raise TimeoutError(f"no reply to {req.request_id} within {deadline_ms} ms")
+        return PlacementReply.from_json(json.loads(got[1]))
+
+
+# --- measurement ---------------------------------------------------------------------------------
+
+
+@dataclass
+class CaseResult:
+    dag_tasks: int
+    ready_tasks: int
+    clients: int
+    requests: int
+    p50_ms: float
+    p99_ms: float
+    mean_ms: float
+    decisions_per_s: float
+    errors: int
+    device: str
+
+
+def run_case(url: str, keys: Keys, catalogue: Catalogue, dag_tasks: int, ready_tasks: int,
+             clients: int, duration_s: float, seed: int, device: str,
+             rate_per_client: float | None = None) -> CaseResult:
+    rng = np.random.default_rng(seed)
+    lat: list[list[float]] = [[] for _ in range(clients)]
+    errors = [0] * clients
+    # Warm up: every client's graph is sent (and cached server-side) before timing starts.
+    graphs = [layered_dag(dag_tasks, f"bench/{dag_tasks}/{seed}/{c}", rng) for c in range(clients)]
+    start = threading.Barrier(clients + 1)
+
+    def worker(c: int) -> None:
+        r = redis.Redis.from_url(url)
+        cl = Client(r, keys)
+        g = graphs[c]
+        local = np.random.default_rng(seed * 1000 + c)
+        cl.ask([g], [ReadyTask(g.run_key, g.tasks[0].task_id)], catalogue)
+        start.wait()
+        period = 1.0 / rate_per_client if rate_per_client else 0.0
+        next_t = time.perf_counter()
+        end = next_t + duration_s
+        while time.perf_counter() < end:
+            picks = local.choice(len(g.tasks), size=min(ready_tasks, len(g.tasks)), replace=False)
+            ready = [ReadyTask(g.run_key, g.tasks[int(i)].task_id) for i in picks]
+            t0 = time.perf_counter()
+            try:
+                reply = cl.ask([g], ready, catalogue)
+                if not reply.ok or len(reply.decisions) != len(ready):
+                    errors[c] += 1
+                else:
+                    lat[c].append(time.perf_counter() - t0)
+            except TimeoutError:
+                errors[c] += 1
+            if period:
+                next_t += period
+                delay = next_t - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+        r.close()
+
+    threads = [threading.Thread(target=worker, args=(c,), daemon=True) for c in range(clients)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    all_ms = np.array([x for xs in lat for x in xs]) * 1e3
+    n = len(all_ms)
+    return CaseResult(
+        dag_tasks=dag_tasks, ready_tasks=ready_tasks, clients=clients, requests=n,
+        p50_ms=round(float(np.percentile(all_ms, 50)), 3) if n else float("nan"),
+        p99_ms=round(float(np.percentile(all_ms, 99)), 3) if n else float("nan"),
+        mean_ms=round(float(all_ms.mean()), 3) if n else float("nan"),
+        decisions_per_s=round(n * ready_tasks / wall, 1), errors=sum(errors), device=device,
+    )
+
+
+def _server_device(r: redis.Redis, keys: Keys) -> str:
+    beats = r.hgetall(keys.heartbeat)
+    devices = sorted({json.loads(v).get("device", "?") for v in beats.values()})
+    return ",".join(devices) or "?"
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return -1
+
+
+@contextlib.contextmanager
+def _stack(args: argparse.Namespace, keys: Keys) -> Iterator[tuple[str, int | None]]:
+    """Yield (redis url, server pid or None) — private processes unless --redis is given."""
+    if args.redis:
+        yield args.redis, None
+        return
+    rs = start_redis()
+    server = None
+    try:
+        extra = ["--placer", args.placer, "--batch-max", str(args.batch_max)]
+        if args.registry:
+            extra += ["--registry", args.registry]
+        server = start_server(rs.url, keys.prefix, extra, log_path=args.server_log)
+        wait_for_server(rs.client(), keys)
+        yield rs.url, server.pid
+    finally:
+        if server is not None:
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+        rs.stop()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--redis", default=None,
+                        help="URL of a Redis with running server(s); default: start private ones")
+    parser.add_argument("--prefix", default=f"drlbench{os.getpid()}", help="key prefix")
+    parser.add_argument("--catalogue", default=str(DEFAULT_CATALOGUE), help="pool catalogue YAML")
+    parser.add_argument("--placer", default="eft", help="placer of the private server (eft, auto, gnn)")
+    parser.add_argument("--registry", default=None, help="model registry of the private server")
+    parser.add_argument("--batch-max", type=int, default=64, help="batch_max of the private server")
+    parser.add_argument("--dag-sizes", default="50,200,1000", help="comma-separated DAG sizes")
+    parser.add_argument("--ready", default="1,16,64", help="comma-separated ready tasks per request")
+    parser.add_argument("--clients", default="1,8", help="comma-separated concurrent clients")
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per case")
+    parser.add_argument("--seed", type=int, default=0, help="workload seed")
+    parser.add_argument("--soak", type=float, default=0.0,
+                        help="instead of the cases: run one case this many seconds, report server RSS")
+    parser.add_argument("--rate", type=float, default=1000.0, help="soak: total requests per second")
+    parser.add_argument("--out", default="bench-server.json", help="JSON output file")
+    parser.add_argument("--server-log", default=None, help="append the private server's log here")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def run(args: argparse.Namespace) -> int:
+    keys = Keys(args.prefix)
+    catalogue = load_catalogue(args.catalogue)
+    doc: dict[str, Any] = {"command": " ".join(sys.argv), "host": socket.gethostname(),
+                           "cpus": os.cpu_count(), "cases": []}
+    with _stack(args, keys) as (url, pid):
+        r = redis.Redis.from_url(url)
+        wait_for_server(r, keys)
+        device = _server_device(r, keys)
+        if args.soak > 0:
+            clients = max(_ints(args.clients))
+            rss0 = _rss_kib(pid) if pid else -1
+            res = run_case(url, keys, catalogue, _ints(args.dag_sizes)[0], _ints(args.ready)[0],
+                           clients, args.soak, args.seed, device, rate_per_client=args.rate / clients)
+            rss1 = _rss_kib(pid) if pid else -1
+            doc["soak"] = {**asdict(res), "seconds": args.soak, "target_rate": args.rate,
+                           "achieved_rate": round(res.requests / args.soak, 1),
+                           "server_rss_kib_start": rss0, "server_rss_kib_end": rss1}
+            print(json.dumps(doc["soak"], indent=2))
+        else:
+            print(f"{'dag':>5} {'ready':>5} {'cli':>3} {'reqs':>7} {'p50 ms':>8} {'p99 ms':>8}"
+                  f" {'decisions/s':>12} {'err':>4}  device")
+            for dag in _ints(args.dag_sizes):
+                for ready in _ints(args.ready):
+                    for clients in _ints(args.clients):
+                        res = run_case(url, keys, catalogue, dag, ready, clients, args.duration,
+                                       args.seed, device)
+                        doc["cases"].append(asdict(res))
+                        print(f"{dag:>5} {ready:>5} {clients:>3} {res.requests:>7} {res.p50_ms:>8.3f}"
+                              f" {res.p99_ms:>8.3f} {res.decisions_per_s:>12.0f} {res.errors:>4}  {device}",
+                              flush=True)
+        r.close()
+    Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0

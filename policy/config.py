@@ -1,0 +1,196 @@
+"""Configuration of the policy server (``drl-policy serve``): one dataclass, validated where it enters.
+
+Every field can come from the command line (``--batch-max 64``) or from the environment
+(``DRL_POLICY_BATCH_MAX=64``); the command line wins. Nothing is read at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Mapping
+from urllib.parse import urlsplit, urlunsplit
+
+from policy.errors import PolicyError
+from policy.transport import DEFAULT_PREFIX
+
+ENV_PREFIX = "DRL_POLICY_"
+PLACERS = ("auto", "eft", "gnn")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(PolicyError, ValueError):
+    """A server setting is out of range; the message names the setting and the value."""
+
+
+def _default_consumer() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Settings of one policy server replica."""
+
+    #: Redis URL: ``redis://[[user]:password@]host:port/db`` or ``rediss://`` for TLS.
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    #: Key prefix shared with the executor (one per deployment), see :mod:`policy.transport`.
+    prefix: str = DEFAULT_PREFIX
+    #: This replica's consumer name in the group (unique per replica; default ``host-pid``).
+    consumer: str = field(default_factory=_default_consumer)
+    #: CA bundle for ``rediss://`` (None: the system's trust store).
+    redis_ca_cert: str | None = None
+    #: ``eft`` (the earliest-finish heuristic), ``gnn`` (the model named by the registry) or
+    #: ``auto`` (the model when the registry names one that loads, else ``eft``).
+    placer: str = "auto"
+    #: Folder of the model registry (holds ``active.json`` naming the active checkpoint).
+    registry: str | None = None
+    #: Seconds between checks of the registry manifest for a new active checkpoint.
+    registry_poll_s: float = 2.0
+    #: Torch device for the model: ``auto`` (CUDA when available), ``cpu`` or ``cuda[:N]``.
+    device: str = "auto"
+    #: Pool catalogue YAML; used for requests that carry no pool states.
+    catalogue: str | None = None
+    #: Most requests handled in one batch (one model call, one Redis round trip for replies).
+    batch_max: int = 64
+    #: Milliseconds to wait for a batch to fill after its first request (0: take what is queued).
+    batch_wait_ms: int = 0
+    #: Milliseconds one XREADGROUP blocks when idle (bounds the reaction time to SIGTERM).
+    block_ms: int = 200
+    #: Largest request payload accepted, in bytes; larger ones get a ``bad_request`` reply.
+    max_request_bytes: int = 8 * 1024 * 1024
+    #: Pending entries idle longer than this (ms) are claimed from a dead replica (XAUTOCLAIM).
+    claim_idle_ms: int = 1000
+    #: Seconds between XAUTOCLAIM sweeps.
+    claim_interval_s: float = 0.5
+    #: Most graphs kept in the per-run graph cache ...
+    graph_cache_entries: int = 4096
+    #: ... and the bound on their estimated size in bytes.
+    graph_cache_bytes: int = 256 * 1024 * 1024
+    #: Seconds a cached graph lives after its last use.
+    graph_cache_ttl_s: float = 3600.0
+    #: Sampling temperature over pool scores (0: greedy, the production default).
+    temperature: float = 0.0
+    #: Seed of the sampling generator (used only when temperature > 0).
+    seed: int = 0
+    #: Load-skew breaker: trip when the utilisation spread of live pools exceeds this (0-1] ...
+    skew_threshold: float = 0.75
+    #: ... then place the next N decisions with the fallback heuristic (0 disables the breaker).
+    skew_fallback_n: int = 32
+    #: Seconds between heartbeats written to ``Keys.heartbeat``.
+    heartbeat_s: float = 2.0
+    #: Reconnect backoff after losing Redis: first delay in seconds (doubling, jittered) ...
+    reconnect_base_s: float = 0.1
+    #: ... and its cap in seconds.
+    reconnect_max_s: float = 5.0
+    #: Port of the Prometheus ``/metrics`` and ``/health`` HTTP endpoint (0: disabled).
+    metrics_port: int = 0
+    #: Address the metrics endpoint binds to.
+    metrics_host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        scheme = urlsplit(self.redis_url).scheme
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ConfigError(f"redis_url: scheme must be redis, rediss or unix, got {scheme!r}")
+        if not self.prefix or any(c.isspace() for c in self.prefix):
+            raise ConfigError(f"prefix: expected a non-empty word, got {self.prefix!r}")
+        if not self.consumer:
+            raise ConfigError("consumer: must not be empty")
+        if self.placer not in PLACERS:
+            raise ConfigError(f"placer: expected one of {PLACERS}, got {self.placer!r}")
+        if self.placer == "gnn" and not self.registry:
+            raise ConfigError("placer: 'gnn' needs a registry folder (--registry)")
+        if not (self.device in DEVICES or self.device.startswith("cuda:")):
+            raise ConfigError(f"device: expected auto, cpu, cuda or cuda:N, got {self.device!r}")
+        for name, lo in (
+            ("batch_max", 1), ("block_ms", 1), ("max_request_bytes", 1024), ("claim_idle_ms", 1),
+            ("graph_cache_entries", 1), ("graph_cache_bytes", 1024), ("batch_wait_ms", 0),
+            ("skew_fallback_n", 0), ("metrics_port", 0), ("seed", 0),
+        ):
+            value = getattr(self, name)
+            if value < lo:
+                raise ConfigError(f"{name}: must be >= {lo}, got {value!r}")
+        for name in ("registry_poll_s", "claim_interval_s", "graph_cache_ttl_s", "heartbeat_s",
+                     "reconnect_base_s", "reconnect_max_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)!r}")
+        if self.reconnect_max_s < self.reconnect_base_s:
+            raise ConfigError(
+                f"reconnect_max_s: {self.reconnect_max_s} is below reconnect_base_s {self.reconnect_base_s}"
+            )
+        if self.temperature < 0:
+            raise ConfigError(f"temperature: must be >= 0, got {self.temperature!r}")
+        if not 0 < self.skew_threshold <= 1:
+            raise ConfigError(f"skew_threshold: must be in (0, 1], got {self.skew_threshold!r}")
+        if self.metrics_port > 65535:
+            raise ConfigError(f"metrics_port: must be <= 65535, got {self.metrics_port}")
+
+    @property
+    def safe_redis_url(self) -> str:
+        """The Redis URL with the password masked, for logs."""
+        parts = urlsplit(self.redis_url)
+        if parts.password is None:
+            return self.redis_url
+        user = parts.username or ""
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+        return urlunsplit((parts.scheme, f"{user}:***@{host}{port}", parts.path, parts.query, ""))
+
+    @classmethod
+    def from_sources(
+        cls, cli: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+    ) -> ServerConfig:
+        """Build from environment variables overridden by CLI values (None = not given)."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is not None and raw != "":
+                values[f.name] = _coerce(f.name, f.type, raw, cls)
+            if cli is not None and cli.get(f.name) is not None:
+                values[f.name] = cli[f.name]
+        return cls(**values)
+
+
+def _coerce(name: str, type_name: Any, raw: str, cls: type) -> Any:
+    kind = str(type_name)
+    try:
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{ENV_PREFIX}{name.upper()}: expected a {kind}, got {raw!r}") from exc
+    return raw
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """One ``--flag`` per :class:`ServerConfig` field; unset flags fall back to env / defaults."""
+    docs = _field_docs()
+    for f in fields(ServerConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.name == "redis_url":
+            flag = "--redis"
+        kind = str(f.type)
+        typ: Any = int if kind == "int" else float if kind == "float" else str
+        default = f.default if f.default is not MISSING else "host-pid"
+        help_text = f"{docs.get(f.name, '')} (env {ENV_PREFIX}{f.name.upper()}; default: {default})"
+        parser.add_argument(flag, dest=f.name, type=typ, default=None,
+                            help=help_text.replace("%", "%%"))
+
+
+def _field_docs() -> dict[str, str]:
+    """The ``#:`` comments above each field, for ``--help``."""
+    import inspect
+
+    docs: dict[str, str] = {}
+    pending: list[str] = []
+    for line in inspect.getsource(ServerConfig).splitlines():
+        s = line.strip()
+        if s.startswith("#:"):
+            pending.append(s[2:].strip())
+        elif ":" in s and pending and not s.startswith(("def", "@", "\"")):
+            docs[s.split(":", 1)[0].strip()] = " ".join(pending)
+            pending = []
+    return docs

@@ -1,0 +1,239 @@
+"""The model registry: a folder whose manifest names the active checkpoint, watched for changes.
+
+Layout (``<root>/active.json``, written atomically by :func:`activate`)::
+
+    {"checkpoint": "gnn-2024-06-01",      # path, relative to <root> or absolute
+     "sha256": "9f2c...",                 # optional: content hash of the checkpoint (see below)
+     "note": "nightly fine-tune"}         # optional, logged
+
+The server polls the manifest between batches. When it names a new checkpoint, the registry
+checks the hash (when given), then loads the checkpoint in a background thread through a *loader*
+(``loader(path, device) -> Placer``; the GNN loader checks schema version and shapes and raises
+:class:`~policy.errors.CheckpointError` on mismatch). The server swaps to the new placer between
+two batches; if anything fails, the old model keeps serving and the reason is logged and counted.
+Torch is imported only by the GNN loader, so a heuristic-only server starts without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from policy.errors import CheckpointError
+from policy.placement import Placer
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "active.json"
+
+Loader = Callable[[Path, str], Placer]
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A placer loaded from a checkpoint, and where it came from."""
+
+    placer: Placer
+    checkpoint: str
+    sha256: str
+    device: str
+    loaded_at: float
+
+    @property
+    def version(self) -> str:
+        return f"{self.placer.name}:{self.placer.version}"
+
+
+def checkpoint_sha256(path: Path) -> str:
+    """Content hash of a checkpoint: the file itself, or every file of a folder in name order."""
+    h = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    if not files:
+        raise CheckpointError(f"{path}: no checkpoint file there")
+    for f in files:
+        if path.is_dir():
+            h.update(str(f.relative_to(path)).encode() + b"\0")
+        with f.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def activate(root: str | Path, checkpoint: str | Path, *, sha256: str | None = None,
+             note: str = "") -> Path:
+    """Point the registry at ``checkpoint`` (atomic rename; servers pick it up on their next poll)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, str] = {"checkpoint": str(checkpoint)}
+    if sha256:
+        doc["sha256"] = sha256
+    if note:
+        doc["note"] = note
+    fd, tmp = tempfile.mkstemp(dir=root, prefix=".active.", suffix=".json")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(doc, fh)
+    os.replace(tmp, root / MANIFEST)
+    return root / MANIFEST
+
+
+def resolve_device(spec: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; other values are kept."""
+    if spec != "auto":
+        return spec
+    import torch  # lazy: only a model needs it
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def gnn_loader(path: Path, device: str) -> Placer:
+    """Load the GNN policy (issue 4's ``policy.gnn.GNNPlacer``) from a checkpoint."""
+    # Lazy and dynamic: torch is imported only when a model is loaded.
+    gnn = importlib.import_module("policy.gnn")
+    placer: Placer = gnn.GNNPlacer.from_checkpoint(path, device=device)
+    return placer
+
+
+class ModelRegistry:
+    """Watches ``<root>/active.json``; loads what it names off the serving thread.
+
+    Call :meth:`poll` between batches: it returns a newly loaded model exactly once, when one is
+    ready to be swapped in, and None otherwise. ``on_failure(reason)`` is called for each refused
+    checkpoint (the server counts them).
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        loader: Loader = gnn_loader,
+        device: str = "cpu",
+        poll_s: float = 2.0,
+        on_failure: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.root = Path(root)
+        self.loader = loader
+        self.device = device
+        self.poll_s = poll_s
+        self.on_failure = on_failure or (lambda reason: None)
+        self._clock = clock
+        self._next_check = 0.0
+        self._seen: tuple[int, int] | None = None  # (mtime_ns, size) of the manifest last read
+        self._current: str | None = None  # checkpoint path + hash last accepted or refused
+        self._lock = threading.Lock()
+        self._ready: LoadedModel | None = None
+        self._loading: threading.Thread | None = None
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / MANIFEST
+
+    def load_now(self) -> LoadedModel | None:
+        """Synchronously load what the manifest names (at start-up); None if there is no manifest.
+
+        Raises :class:`CheckpointError` when the manifest or the checkpoint is bad.
+        """
+        spec = self._read_manifest()
+        if spec is None:
+            return None
+        model = self._load(*spec)
+        self._current = f"{spec[0]}#{spec[1]}"
+        return model
+
+    def poll(self) -> LoadedModel | None:
+        """A newly loaded model to swap in, or None. Cheap: one ``stat`` every ``poll_s``."""
+        with self._lock:
+            ready, self._ready = self._ready, None
+        if ready is not None:
+            return ready
+        now = self._clock()
+        if now < self._next_check or (self._loading is not None and self._loading.is_alive()):
+            return None
+        self._next_check = now + self.poll_s
+        try:
+            st = self.manifest.stat()
+        except FileNotFoundError:
+            return None
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp == self._seen:
+            return None
+        self._seen = stamp
+        try:
+            spec = self._read_manifest()
+        except CheckpointError as exc:
+            self._refuse(str(exc))
+            return None
+        if spec is None or f"{spec[0]}#{spec[1]}" == self._current:
+            return None
+        self._current = f"{spec[0]}#{spec[1]}"
+        self._loading = threading.Thread(
+            target=self._load_in_background, args=spec, name="model-loader", daemon=True
+        )
+        self._loading.start()
+        return None
+
+    def wait_idle(self, timeout_s: float = 30.0) -> None:
+        """Wait for a background load to finish (tests, shutdown)."""
+        if self._loading is not None:
+            self._loading.join(timeout_s)
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _read_manifest(self) -> tuple[Path, str] | None:
+        try:
+            text = self.manifest.read_text()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise CheckpointError(f"{self.manifest}: cannot read: {exc}") from exc
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise CheckpointError(f"{self.manifest}: not JSON: {exc}") from exc
+        if not isinstance(doc, dict) or not isinstance(doc.get("checkpoint"), str):
+            raise CheckpointError(f"{self.manifest}: expected {{\"checkpoint\": path, ...}}, got {doc!r}")
+        sha = doc.get("sha256") or ""
+        if not isinstance(sha, str):
+            raise CheckpointError(f"{self.manifest}.sha256: expected a hex string, got {sha!r}")
+        path = Path(doc["checkpoint"])
+        if not path.is_absolute():
+            path = self.root / path
+        return path, sha
+
+    def _load(self, path: Path, sha256: str) -> LoadedModel:
+        if not path.exists():
+            raise CheckpointError(f"{path}: checkpoint named by {self.manifest} does not exist")
+        actual = checkpoint_sha256(path)
+        if sha256 and actual != sha256:
+            raise CheckpointError(
+                f"{path}: sha256 {actual[:16]}... does not match the manifest's {sha256[:16]}..."
+            )
+        t0 = time.perf_counter()
+        placer = self.loader(path, self.device)
+        if not isinstance(placer, Placer):
+            raise CheckpointError(f"{path}: loader returned {type(placer).__name__}, not a Placer")
+        log.info("loaded %s %s from %s on %s in %.0f ms", placer.name, placer.version, path,
+                 self.device, (time.perf_counter() - t0) * 1e3)
+        return LoadedModel(placer, str(path), actual, self.device, time.time())
+
+    def _load_in_background(self, path: Path, sha256: str) -> None:
+        try:
+            model = self._load(path, sha256)
+        except Exception as exc:  # noqa: BLE001 - any failure keeps the old model; we say why
+            self._refuse(f"{path}: {type(exc).__name__}: {exc}")
+            return
+        with self._lock:
+            self._ready = model
+
+    def _refuse(self, reason: str) -> None:
+        log.error("model registry: refused, keeping the current model: %s", reason)
+        self.on_failure(reason)

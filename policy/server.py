@@ -1,0 +1,557 @@
+"""``drl-policy serve``: answer placement requests from Redis, one micro-batch at a time.
+
+Protocol (fixed by :mod:`policy.transport` and :mod:`policy.schema`): clients ``XADD`` a JSON
+:class:`~policy.schema.PlacementRequest` under the field ``payload`` to ``Keys.requests``; the
+server replicas read that stream through the consumer group ``Keys.group`` and answer each request
+by ``RPUSH`` of a JSON :class:`~policy.schema.PlacementReply` to ``Keys.reply(request_id)`` plus
+``EXPIRE`` (one MULTI per batch), then ``XACK`` and ``XDEL`` the entries.
+
+Choices worth knowing:
+
+- The group is created with ``MKSTREAM`` at id ``0``, not ``$``: requests the executor sent before
+  the first replica came up are still served if their deadline allows (older ones are dropped
+  unanswered by the deadline check, which is cheap).
+- Entries are deleted once answered, so the stream holds only unanswered requests (full graphs
+  can be large; ``MAXLEN ~`` on the client side bounds the rest).
+- A request whose ``created_at + deadline_ms`` has passed is dropped without a reply: the client
+  has already fallen back and would not read it. Deadlines use wall clocks (``time.time``) on both
+  sides, so hosts need synchronised clocks (NTP).
+- A replica takes over entries another replica read but never acknowledged (it crashed) with
+  ``XAUTOCLAIM`` once they are ``claim_idle_ms`` old; those still within their deadline are
+  answered, the rest time out into the client's fallback.
+- Losing Redis is not fatal: the loop reconnects with capped, jittered exponential backoff.
+- SIGTERM/SIGINT finish the batch in hand, acknowledge it, and exit 0.
+- Requests are micro-batched: one read takes everything queued (up to ``batch_max``), and with
+  ``batch_wait_ms > 0`` the server waits that long for the batch to fill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import random
+import re
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, Mapping, Sequence
+
+import redis
+
+from policy.arbiter import Arbiter, ArbiterConfig
+from policy.catalogue import Catalogue, load_catalogue
+from policy.config import ServerConfig, add_config_arguments
+from policy.errors import CheckpointError, PolicyError, SchemaError
+from policy.graph import view
+from policy.graph_cache import GraphCache
+from policy.metrics import MetricsServer, ServerMetrics
+from policy.placement import EarliestFinishPlacer, Placer
+from policy.registry import LoadedModel, Loader, ModelRegistry, gnn_loader
+from policy.schema import (
+    Decision,
+    PlacementReply,
+    PlacementRequest,
+    RunGraph,
+    RunRef,
+    dumps,
+    loads_json,
+)
+from policy.transport import PAYLOAD_FIELD, REPLY_TTL_S, Keys
+
+log = logging.getLogger(__name__)
+
+_PAYLOAD = PAYLOAD_FIELD.encode()
+#: request ids we will answer: a reply key is built from them
+_REQUEST_ID = re.compile(rb'"request_id"\s*:\s*"([A-Za-z0-9_.:@/+=-]{1,200})"')
+_MAX_REQUEST_ID = 200
+
+
+class RequestRejected(PolicyError):
+    """A request that gets an error reply: ``code`` is the reply's ``error_code``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class _Job:
+    """One stream entry on its way through a batch."""
+
+    entry_id: bytes
+    read_at: float
+    request_id: str | None = None
+    request: PlacementRequest | None = None
+    graphs: dict[str, RunGraph] | None = None
+    reply: PlacementReply | None = None
+    late: bool = False
+
+
+class PolicyServer:
+    """One replica: read a batch, decide, reply, acknowledge; repeat until :meth:`stop`.
+
+    ``placer`` forces a placer (tests, benchmarks); otherwise ``config.placer`` chooses, and with a
+    registry folder the model it names is loaded (``loader``, default the GNN) and hot-reloaded.
+    Usable in-process: ``threading.Thread(target=server.serve_forever).start(); ...; server.stop()``.
+    """
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        placer: Placer | None = None,
+        loader: Loader | None = None,
+    ) -> None:
+        self.config = config
+        self.keys = Keys(config.prefix)
+        self.metrics = ServerMetrics()
+        self.cache = GraphCache(
+            max_entries=config.graph_cache_entries,
+            max_bytes=config.graph_cache_bytes,
+            ttl_s=config.graph_cache_ttl_s,
+        )
+        self.arbiter = Arbiter(
+            ArbiterConfig(
+                temperature=config.temperature,
+                seed=config.seed,
+                skew_threshold=config.skew_threshold,
+                skew_fallback_n=config.skew_fallback_n,
+            ),
+            on_fallback=lambda reason, n: self.metrics.fallbacks.labels(reason=reason).inc(n),
+        )
+        self.catalogue: Catalogue | None = load_catalogue(config.catalogue) if config.catalogue else None
+        self.registry: ModelRegistry | None = None
+        self.placer: Placer = placer or EarliestFinishPlacer()
+        self.device = "cpu"
+        self.checkpoint = ""
+        if placer is None and config.placer != "eft" and config.registry:
+            self.registry = ModelRegistry(
+                config.registry,
+                loader=loader or gnn_loader,
+                device=config.device,
+                poll_s=config.registry_poll_s,
+                on_failure=lambda reason: self.metrics.model_load_failures.inc(),
+            )
+            try:
+                model = self.registry.load_now()
+            except CheckpointError as exc:
+                if config.placer == "gnn":
+                    raise
+                log.error("no model (%s); serving the %s heuristic until the registry names one "
+                          "that loads", exc, self.placer.name)
+                self.metrics.model_load_failures.inc()
+                model = None
+            if model is None and config.placer == "gnn":
+                raise CheckpointError(f"{self.registry.manifest}: no active checkpoint")
+            if model is not None:
+                self._swap(model)
+        self.metrics.set_model(self.version, self.device)
+        self._stop = threading.Event()
+        self._redis: redis.Redis | None = None
+        self._ready = False
+        self.connected = False
+        self._claim_cursor = "0-0"
+        self._next_claim = 0.0
+        self._next_heartbeat = 0.0
+        self._rng = random.Random(config.seed)
+        self.started_at = time.time()
+        self.batches = 0
+        self.handled = 0
+
+    # --- life cycle --------------------------------------------------------------------------
+
+    @property
+    def version(self) -> str:
+        return f"{self.placer.name}:{self.placer.version}"
+
+    def stop(self) -> None:
+        """Ask the loop to finish the batch in hand and return (safe from a signal handler)."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def serve_forever(self) -> int:
+        """Serve until :meth:`stop`; returns the process exit status (0)."""
+        log.info("serving %s on %s (prefix %r, consumer %s, device %s)", self.version,
+                 self.config.safe_redis_url, self.config.prefix, self.config.consumer, self.device)
+        delay = self.config.reconnect_base_s
+        while not self._stop.is_set():
+            try:
+                if not self._ready:
+                    self._connect()
+                self.step()
+                delay = self.config.reconnect_base_s
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                self._lost(f"{type(exc).__name__}: {exc}", delay)
+                delay = min(self.config.reconnect_max_s, delay * 2)
+            except redis.ResponseError as exc:
+                if "NOGROUP" in str(exc):  # stream or group deleted under us (FLUSHALL): recreate
+                    log.warning("consumer group vanished (%s); recreating it", exc)
+                    self._ready = False
+                    continue
+                self._lost(f"Redis error: {exc}", delay)
+                delay = min(self.config.reconnect_max_s, delay * 2)
+        self._goodbye()
+        log.info("stopped after %d requests in %d batches", self.handled, self.batches)
+        return 0
+
+    def _lost(self, why: str, delay: float) -> None:
+        if self.connected:
+            log.warning("lost Redis at %s (%s); reconnecting", self.config.safe_redis_url, why)
+        else:
+            log.debug("Redis still unavailable (%s)", why)
+        self.metrics.reconnects.inc()
+        self.connected = False
+        self._ready = False
+        if self._redis is not None:
+            try:
+                self._redis.close()
+            except redis.RedisError:
+                pass
+            self._redis = None
+        self._stop.wait(delay * (0.5 + self._rng.random() / 2))
+
+    def _connect(self) -> None:
+        kwargs: dict[str, Any] = {
+            "socket_connect_timeout": 2.0,
+            "socket_timeout": self.config.block_ms / 1000 + 5.0,
+            "socket_keepalive": True,
+        }
+        if self.config.redis_url.startswith("rediss://") and self.config.redis_ca_cert:
+            kwargs["ssl_ca_certs"] = self.config.redis_ca_cert
+        r = redis.Redis.from_url(self.config.redis_url, **kwargs)
+        r.ping()
+        try:
+            r.xgroup_create(self.keys.requests, self.keys.group, id="0", mkstream=True)
+            log.info("created consumer group %s on %s", self.keys.group, self.keys.requests)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._redis = r
+        self._ready = True
+        self.connected = True
+        self._next_heartbeat = 0.0
+        log.info("connected to %s", self.config.safe_redis_url)
+
+    def _goodbye(self) -> None:
+        if self.registry is not None:
+            self.registry.wait_idle(5.0)
+        r = self._redis
+        if r is None:
+            return
+        try:
+            r.hdel(self.keys.heartbeat, self.config.consumer)
+            for c in r.xinfo_consumers(self.keys.requests, self.keys.group):
+                name = c["name"].decode() if isinstance(c["name"], bytes) else c["name"]
+                if name == self.config.consumer and c["pending"] == 0:
+                    r.xgroup_delconsumer(self.keys.requests, self.keys.group, self.config.consumer)
+        except redis.RedisError as exc:
+            log.debug("cleanup on exit skipped: %s", exc)
+        finally:
+            r.close()
+            self._redis = None
+
+    # --- one iteration -----------------------------------------------------------------------
+
+    def step(self) -> int:
+        """Read one batch (blocking up to ``block_ms``), answer it; returns the entries handled."""
+        r = self._redis
+        assert r is not None
+        self._between_batches(r)
+        now = time.monotonic()
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = []
+        if now >= self._next_claim:
+            self._next_claim = now + self.config.claim_interval_s
+            entries = self._claim(r)
+        if not entries:
+            entries = self._read(r, self.config.batch_max, self.config.block_ms)
+        if entries and self.config.batch_wait_ms > 0:
+            until = time.monotonic() + self.config.batch_wait_ms / 1000
+            while len(entries) < self.config.batch_max:
+                left_ms = int((until - time.monotonic()) * 1000)
+                if left_ms < 1:
+                    break
+                more = self._read(r, self.config.batch_max - len(entries), left_ms)
+                if not more:
+                    break
+                entries.extend(more)
+        if not entries:
+            return 0
+        jobs = self.handle(entries)
+        self._reply(r, jobs)
+        return len(jobs)
+
+    def _read(self, r: redis.Redis, count: int, block_ms: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        got: Any = r.xreadgroup(self.keys.group, self.config.consumer, {self.keys.requests: ">"},
+                           count=count, block=block_ms)
+        if not got:
+            return []
+        return list(got[0][1])
+
+    def _claim(self, r: redis.Redis) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        res: Any = r.xautoclaim(self.keys.requests, self.keys.group, self.config.consumer,
+                           min_idle_time=self.config.claim_idle_ms, start_id=self._claim_cursor,
+                           count=self.config.batch_max)
+        cursor = res[0].decode() if isinstance(res[0], bytes) else str(res[0])
+        self._claim_cursor = cursor
+        claimed = [(eid, fields) for eid, fields in res[1] if fields is not None]
+        if claimed:
+            self.metrics.claimed.inc(len(claimed))
+            log.warning("claimed %d pending requests from a silent replica", len(claimed))
+        return claimed
+
+    def _between_batches(self, r: redis.Redis) -> None:
+        """Hot reload and housekeeping, never in the middle of a batch."""
+        if self.registry is not None:
+            model = self.registry.poll()
+            if model is not None:
+                self._swap(model)
+                self.metrics.model_swaps.inc()
+                self.metrics.set_model(self.version, self.device)
+        now = time.monotonic()
+        if now >= self._next_heartbeat:
+            self._next_heartbeat = now + self.config.heartbeat_s
+            self.cache.expire()
+            self.metrics.graph_cache_entries.set(len(self.cache))
+            self.metrics.graph_cache_bytes.set(self.cache.bytes)
+            beat = json.dumps({"ts": time.time(), "version": self.version, "device": self.device,
+                               "pid": os.getpid(), "handled": self.handled})
+            r.hset(self.keys.heartbeat, self.config.consumer, beat)
+            for g in r.xinfo_groups(self.keys.requests):
+                name = g["name"].decode() if isinstance(g["name"], bytes) else g["name"]
+                if name == self.keys.group:
+                    self.metrics.pending.set(g.get("pending") or 0)
+                    self.metrics.queue_depth.set(g.get("lag") or 0)
+
+    def _swap(self, model: LoadedModel) -> None:
+        old = self.version
+        self.placer = model.placer
+        self.device = model.device
+        self.checkpoint = model.checkpoint
+        log.info("model swapped: %s -> %s (%s, sha256 %s..., %s)", old, self.version,
+                 model.checkpoint, model.sha256[:12], model.device)
+
+    # --- the batch, without Redis (unit-testable) --------------------------------------------
+
+    def handle(self, entries: Sequence[tuple[bytes, Mapping[bytes, bytes]]]) -> list[_Job]:
+        """Decode, resolve, decide and build replies for a batch of stream entries."""
+        read_at = time.perf_counter()
+        jobs: list[_Job] = []
+        for entry_id, fields in entries:
+            job = _Job(entry_id=entry_id, read_at=read_at)
+            jobs.append(job)
+            try:
+                self._decode(job, fields)
+                if job.request is not None and not job.late:
+                    job.graphs = self._resolve(job.request)
+            except RequestRejected as exc:
+                job.reply = self._error(job, exc.code, str(exc))
+            except Exception as exc:  # noqa: BLE001 - a bad request never kills the server
+                log.exception("request %s (entry %s) failed while decoding", job.request_id, entry_id)
+                job.reply = self._error(job, "internal", f"{type(exc).__name__}: {exc}")
+        for job in jobs:
+            if job.reply is not None or job.late or job.request is None or job.graphs is None:
+                continue
+            try:
+                decisions = self.arbiter.decide(self.placer, job.request, job.graphs)
+                job.reply = PlacementReply(
+                    request_id=job.request.request_id,
+                    decisions=tuple(decisions),
+                    policy=self.placer.name,
+                    policy_version=self.placer.version,
+                    server_ms=(time.perf_counter() - read_at) * 1e3,
+                )
+            except Exception as exc:  # noqa: BLE001 - the fallback heuristic itself failed
+                log.exception("request %s failed while deciding", job.request_id)
+                job.reply = self._error(job, "internal", f"{type(exc).__name__}: {exc}")
+        self.batches += 1
+        self.metrics.batch_size.observe(len(jobs))
+        return jobs
+
+    def _decode(self, job: _Job, fields: Mapping[bytes, bytes]) -> None:
+        raw = fields.get(_PAYLOAD)
+        if raw is None:
+            raise RequestRejected("bad_request", f"stream entry has no {PAYLOAD_FIELD!r} field")
+        m = _REQUEST_ID.search(raw, 0, 64 * 1024) if len(raw) > self.config.max_request_bytes else None
+        if m is not None:
+            job.request_id = m.group(1).decode()
+        try:
+            obj = loads_json(raw, max_bytes=self.config.max_request_bytes)
+        except SchemaError as exc:
+            if job.request_id is None:
+                m = _REQUEST_ID.search(raw, 0, 64 * 1024)
+                job.request_id = m.group(1).decode() if m else None
+            raise RequestRejected("bad_request", str(exc)) from exc
+        rid = obj.get("request_id")
+        if isinstance(rid, str) and 0 < len(rid) <= _MAX_REQUEST_ID:
+            job.request_id = rid
+        if self._is_late(obj.get("created_at"), obj.get("deadline_ms")):
+            job.late = True
+            return
+        try:
+            req = PlacementRequest.from_json(obj)
+        except SchemaError as exc:
+            raise RequestRejected("bad_request", str(exc)) from exc
+        if len(req.request_id) > _MAX_REQUEST_ID:
+            raise RequestRejected("bad_request", f"request_id longer than {_MAX_REQUEST_ID} characters")
+        if not req.pools:
+            if self.catalogue is None:
+                raise RequestRejected("bad_request", "request.pools: empty, and the server has no catalogue")
+            req = dataclasses.replace(req, pools=self.catalogue.states())
+        job.request = req
+
+    @staticmethod
+    def _is_late(created_at: Any, deadline_ms: Any) -> bool:
+        if not isinstance(created_at, (int, float)) or isinstance(created_at, bool) or created_at <= 0:
+            return False
+        if not isinstance(deadline_ms, (int, float)) or isinstance(deadline_ms, bool):
+            deadline_ms = 250.0
+        return time.time() > created_at + deadline_ms / 1000
+
+    def _resolve(self, req: PlacementRequest) -> dict[str, RunGraph]:
+        """The full graph of every run with a ready task: from the request or the cache."""
+        graphs: dict[str, RunGraph] = {}
+        missing: list[str] = []
+        for run in req.runs:
+            if isinstance(run, RunGraph):
+                try:
+                    view(run)  # rejects cycles before the graph is cached
+                except SchemaError as exc:
+                    raise RequestRejected("bad_request", str(exc)) from exc
+                self.cache.put(run)
+                graphs[run.run_key] = run
+            elif isinstance(run, RunRef):
+                entry = self.cache.get(run.run_key, run.digest)
+                if entry is None:
+                    missing.append(f"{run.run_key}@{run.digest}")
+                else:
+                    graphs[run.run_key] = entry.graph
+        for ready in req.ready:
+            if ready.run_key in graphs:
+                continue
+            latest = self.cache.get(ready.run_key)
+            if latest is None:
+                missing.append(ready.run_key)
+            else:
+                graphs[ready.run_key] = latest.graph
+        if missing:
+            raise RequestRejected(
+                "unknown_graph",
+                f"no cached graph for {', '.join(sorted(set(missing)))}: resend the full graph",
+            )
+        for ready in req.ready:
+            if ready.task_id not in view(graphs[ready.run_key]).index:
+                raise RequestRejected(
+                    "bad_request", f"ready task {ready.task_id!r} is not in run {ready.run_key!r}"
+                )
+        return graphs
+
+    def _error(self, job: _Job, code: str, message: str) -> PlacementReply | None:
+        self.metrics.requests.labels(outcome=code).inc()
+        log.warning("request %s (entry %s): %s: %s", job.request_id, job.entry_id.decode(), code,
+                    message[:300])
+        if job.request_id is None:
+            return None  # nobody to answer: acknowledged and dropped
+        return PlacementReply(request_id=job.request_id, policy=self.placer.name,
+                              policy_version=self.placer.version, error_code=code,
+                              error=message[:2000])
+
+    def _reply(self, r: redis.Redis, jobs: Sequence[_Job]) -> None:
+        pipe = r.pipeline(transaction=True)
+        ids = [j.entry_id for j in jobs]
+        answered: list[_Job] = []
+        for job in jobs:
+            if job.reply is not None and not job.late and job.request is not None:
+                if self._is_late(job.request.created_at, job.request.deadline_ms):
+                    job.late = True
+            if job.late:
+                self.metrics.requests.labels(outcome="dropped_late").inc()
+                log.debug("request %s dropped: past its deadline", job.request_id)
+                continue
+            if job.reply is None:
+                continue
+            key = self.keys.reply(job.reply.request_id)
+            pipe.rpush(key, dumps(job.reply))
+            pipe.expire(key, REPLY_TTL_S)
+            answered.append(job)
+        pipe.xack(self.keys.requests, self.keys.group, *ids)
+        pipe.xdel(self.keys.requests, *ids)
+        pipe.execute()
+        done = time.perf_counter()
+        now = time.time()
+        for job in answered:
+            assert job.reply is not None
+            self.metrics.request_latency.observe(done - job.read_at)
+            if job.reply.ok:
+                self.metrics.requests.labels(outcome="ok").inc()
+                self._count_decisions(job.reply.decisions)
+                if job.request is not None and job.request.created_at > 0:
+                    self.metrics.request_age.observe(max(0.0, now - job.request.created_at))
+        self.handled += len(jobs)
+
+    def _count_decisions(self, decisions: Sequence[Decision]) -> None:
+        counts: dict[str, int] = {}
+        for d in decisions:
+            counts[d.pool] = counts.get(d.pool, 0) + 1
+        for pool, n in counts.items():
+            self.metrics.decisions.labels(pool=pool, policy_version=self.version).inc(n)
+
+    # --- health ------------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "status": "ok" if self.connected else "redis_unavailable",
+            "model": self.placer.name,
+            "version": self.version,
+            "checkpoint": self.checkpoint,
+            "device": self.device,
+            "consumer": self.config.consumer,
+            "prefix": self.config.prefix,
+            "uptime_s": round(time.time() - self.started_at, 3),
+            "handled": self.handled,
+            "graph_cache_entries": len(self.cache),
+        }
+
+
+# --- the subcommand ------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = ServerConfig.from_sources(vars(args))
+        server = PolicyServer(config)
+    except PolicyError as exc:
+        log.error("cannot start: %s", exc)
+        return 2
+    metrics_http: MetricsServer | None = None
+    if config.metrics_port:
+        try:
+            metrics_http = MetricsServer(server.metrics, server.health, config.metrics_host,
+                                         config.metrics_port).start()
+        except OSError as exc:
+            log.error("cannot open the metrics port %s:%d: %s", config.metrics_host,
+                      config.metrics_port, exc)
+            return 2
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("%s: finishing the current batch, then exiting", signal.Signals(signum).name)
+        server.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        return server.serve_forever()
+    finally:
+        if metrics_http is not None:
+            metrics_http.stop()

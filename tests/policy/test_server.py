@@ -1,0 +1,128 @@
+"""The server's wire protocol against a real redis-server: replies, graph cache, errors, deadlines."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+from server_helpers import CATALOGUE, KEYS, ask, chain, request, send, send_raw, wait_reply
+
+from policy.schema import RunRef
+from policy.transport import REPLY_TTL_S
+
+pytestmark = pytest.mark.integration
+
+
+def test_full_graph_request_gets_one_decision_per_ready_task(start_server, rclient: redis.Redis) -> None:
+    start_server()
+    g = chain("dag/run1")
+    reply = ask(rclient, request([g], [("dag/run1", "t0"), ("dag/run1", "t1")]))
+    assert reply is not None and reply.ok, reply
+    assert [(d.run_key, d.task_id) for d in reply.decisions] == [("dag/run1", "t0"), ("dag/run1", "t1")]
+    assert {d.pool for d in reply.decisions} <= set(CATALOGUE.names)
+    assert all(d.reason for d in reply.decisions)
+    assert reply.policy == "eft"
+    # the stream holds no answered entries, and nothing is left pending
+    assert rclient.xlen(KEYS.requests) == 0
+    assert rclient.xpending(KEYS.requests, KEYS.group)["pending"] == 0
+
+
+def test_reply_key_expires(start_server, rclient: redis.Redis) -> None:
+    start_server()
+    req = request([chain("r")], [("r", "t0")])
+    send(rclient, req)
+    deadline = time.monotonic() + 5
+    while not rclient.exists(KEYS.reply(req.request_id)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ttl = rclient.ttl(KEYS.reply(req.request_id))
+    assert 0 < ttl <= REPLY_TTL_S
+
+
+def test_run_ref_resolves_from_the_cache_and_unknown_ref_asks_for_the_graph(
+    start_server, rclient: redis.Redis
+) -> None:
+    start_server()
+    g = chain("dag/run2")
+    unknown = ask(rclient, request([RunRef(g.run_key, g.digest)], [(g.run_key, "t0")]))
+    assert unknown is not None and unknown.error_code == "unknown_graph"
+    assert ask(rclient, request([g], [(g.run_key, "t0")])).ok  # type: ignore[union-attr]
+    by_ref = ask(rclient, request([RunRef(g.run_key, g.digest)], [(g.run_key, "t3")]))
+    assert by_ref is not None and by_ref.ok and by_ref.decisions[0].task_id == "t3"
+    # a ready task whose run has no entry at all resolves to the run's latest graph
+    implicit = ask(rclient, request([], [(g.run_key, "t4")]))
+    assert implicit is not None and implicit.ok
+    stale = ask(rclient, request([RunRef(g.run_key, "0" * 16)], [(g.run_key, "t0")]))
+    assert stale is not None and stale.error_code == "unknown_graph"
+
+
+@pytest.mark.parametrize(
+    "payload, code",
+    [
+        ('{"schema_version": 1, "request_id": "bad-1", "ready": "nope", "pools": []}', "bad_request"),
+        ('{"schema_version": 99, "request_id": "bad-2", "ready": [], "pools": []}', "bad_request"),
+        ('{"schema_version": 1, "request_id": "bad-3", "ready": [{"run_key": "x", "task_id": "a"}],'
+         ' "pools": [], "runs": [{"run_key": "x", "tasks": [{"task_id": "a"}, {"task_id": "b"}],'
+         ' "edges": [[0, 1], [1, 0]]}]}', "bad_request"),  # a cycle
+        ('{"schema_version": 1, "request_id": "bad-4", "ready": [{"run_key": "x", "task_id": "zz"}],'
+         ' "pools": [], "runs": [{"run_key": "x", "tasks": [{"task_id": "a"}], "edges": []}]}',
+         "bad_request"),  # ready task not in its graph
+        ('{"request_id": "bad-5", "oops": ', "bad_request"),  # truncated JSON, id still recovered
+    ],
+)
+def test_malformed_requests_get_error_replies(start_server, rclient: redis.Redis, payload: str,
+                                              code: str) -> None:
+    rs = start_server(catalogue=None)
+    send_raw(rclient, payload)
+    rid = payload.split('"request_id": "')[1].split('"')[0]
+    reply = wait_reply(rclient, rid)
+    assert reply is not None and reply.error_code == code and reply.error
+    assert rs.thread.is_alive()
+    # and the server still answers good requests
+    assert ask(rclient, request([chain("ok")], [("ok", "t0")])).ok  # type: ignore[union-attr]
+
+
+def test_garbage_without_request_id_is_acknowledged_and_dropped(start_server, rclient: redis.Redis) -> None:
+    rs = start_server()
+    send_raw(rclient, b"\xff\xfe not json")
+    rclient.xadd(KEYS.requests, {"other": "field"})
+    assert ask(rclient, request([chain("ok")], [("ok", "t0")])).ok  # type: ignore[union-attr]
+    assert rclient.xpending(KEYS.requests, KEYS.group)["pending"] == 0
+    assert rs.server.metrics.requests.labels(outcome="bad_request")._value.get() == 2
+
+
+def test_oversized_request_gets_bad_request(start_server, rclient: redis.Redis) -> None:
+    start_server(max_request_bytes=4096)
+    big = request([chain("big", 200)], [("big", "t0")], request_id="too-big")
+    reply = ask(rclient, big)
+    assert reply is not None and reply.error_code == "bad_request"
+    assert "exceeds the limit of 4096" in (reply.error or "")
+
+
+def test_request_past_its_deadline_gets_no_reply(start_server, rclient: redis.Redis) -> None:
+    rs = start_server()
+    late = request([chain("late")], [("late", "t0")], created_at=time.time() - 10, deadline_ms=100)
+    assert ask(rclient, late, timeout_s=0.5) is None
+    assert rs.server.metrics.requests.labels(outcome="dropped_late")._value.get() == 1
+    assert rclient.xpending(KEYS.requests, KEYS.group)["pending"] == 0
+
+
+def test_pools_default_to_the_catalogue(start_server, rclient: redis.Redis) -> None:
+    from dataclasses import replace
+
+    from policy.bench import DEFAULT_CATALOGUE
+
+    start_server(catalogue=str(DEFAULT_CATALOGUE))
+    req = replace(request([chain("c")], [("c", "t0")]), pools=())
+    reply = ask(rclient, req)
+    assert reply is not None and reply.ok and reply.decisions[0].pool in CATALOGUE.names
+
+
+def test_heartbeat_names_the_model_and_device(start_server, rclient: redis.Redis) -> None:
+    start_server(consumer="hb")
+    deadline = time.monotonic() + 5
+    while not rclient.hexists(KEYS.heartbeat, "hb") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    beat = json.loads(rclient.hget(KEYS.heartbeat, "hb"))  # type: ignore[arg-type]
+    assert beat["version"] == "eft:heuristic-1" and beat["device"] == "cpu"
