@@ -1,0 +1,218 @@
+"""Checkpoints: weights as safetensors plus a JSON manifest; loading never unpickles.
+
+A checkpoint is a directory::
+
+    model.safetensors   the weights (safetensors: a JSON header and raw tensors, no code)
+    manifest.json       what the weights are and where they came from
+
+The manifest records the format, the feature schema (version *and* the feature names, so a
+changed featurizer is caught even if someone forgot to bump the version), the model config, the
+sha256 and size of the weights file, the parameter shapes, the training config, the evaluation
+results and the code version. :func:`load_checkpoint` checks all of it before building a model
+and raises :class:`~policy.errors.CheckpointError` naming the file and the mismatch.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import logging
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from policy.errors import CheckpointError
+from policy.features import (
+    FEATURE_SCHEMA_VERSION,
+    PAIR_FEATURES,
+    POOL_FEATURES,
+    READY_FEATURES,
+    TASK_FEATURES,
+)
+from policy.model import ModelConfig, PlacementGNN
+
+log = logging.getLogger(__name__)
+
+FORMAT = "airflow-drl-executor/gnn-placement"
+FORMAT_VERSION = 1
+WEIGHTS_FILE = "model.safetensors"
+MANIFEST_FILE = "manifest.json"
+#: refuse weights files larger than this before reading them (the default model is ~100 kB)
+MAX_WEIGHTS_BYTES = 256 * 1024 * 1024
+
+
+def feature_schema() -> dict[str, Any]:
+    """The feature schema this code produces, as recorded in manifests."""
+    return {
+        "version": FEATURE_SCHEMA_VERSION,
+        "task": list(TASK_FEATURES),
+        "ready": list(READY_FEATURES),
+        "pool": list(POOL_FEATURES),
+        "pair": list(PAIR_FEATURES),
+    }
+
+
+def code_version() -> str:
+    """The package version, plus the git commit when run from a checkout."""
+    try:
+        from importlib.metadata import version
+
+        base = version("airflow-drl-executor")
+    except Exception:  # noqa: BLE001 - not installed: a source checkout
+        base = "0.1.0"
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return base
+    return f"{base}+g{sha}" if sha else base
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: the model (in eval mode) and its manifest."""
+
+    model: PlacementGNN
+    manifest: dict[str, Any]
+    path: Path
+    config: ModelConfig = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.config = self.model.config
+
+    @property
+    def version(self) -> str:
+        return str(self.manifest["version"])
+
+    @property
+    def weights_sha256(self) -> str:
+        return str(self.manifest["weights"]["sha256"])
+
+
+def save_checkpoint(
+    model: PlacementGNN,
+    path: str | Path,
+    *,
+    training: Mapping[str, Any] | None = None,
+    evaluation: Mapping[str, Any] | None = None,
+    name: str = "gnn",
+) -> Path:
+    """Write ``model`` to the directory ``path`` (created if missing); return the manifest path."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    blob = st_save(tensors, metadata={"format": FORMAT})
+    sha = hashlib.sha256(blob).hexdigest()
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "name": name,
+        "version": f"{name}-{sha[:12]}",
+        "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "code_version": code_version(),
+        "feature_schema": feature_schema(),
+        "model": model.config.to_json(),
+        "weights": {"file": WEIGHTS_FILE, "sha256": sha, "bytes": len(blob)},
+        "parameters": {k: list(v.shape) for k, v in tensors.items()},
+        "training": dict(training or {}),
+        "evaluation": dict(evaluation or {}),
+    }
+    (path / WEIGHTS_FILE).write_bytes(blob)
+    (path / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    log.info("saved checkpoint %s (%s, %d bytes)", path, manifest["version"], len(blob))
+    return path / MANIFEST_FILE
+
+
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    """Read and check a checkpoint's manifest (not the weights)."""
+    path = Path(path)
+    mpath = path / MANIFEST_FILE
+    try:
+        manifest = json.loads(mpath.read_text())
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{mpath}: missing (is {path} a checkpoint directory?)") from exc
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{mpath}: not a readable JSON manifest: {exc}") from exc
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{mpath}: expected a JSON object")
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{mpath}: format {manifest.get('format')!r} is not {FORMAT!r}")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{mpath}: format_version {manifest.get('format_version')!r}, this code reads {FORMAT_VERSION}"
+        )
+    for key in ("version", "feature_schema", "model", "weights", "parameters"):
+        if key not in manifest:
+            raise CheckpointError(f"{mpath}: missing {key!r}")
+    schema = manifest["feature_schema"]
+    want = feature_schema()
+    if not isinstance(schema, dict) or schema.get("version") != want["version"]:
+        got = schema.get("version") if isinstance(schema, dict) else schema
+        raise CheckpointError(
+            f"{mpath}: feature schema version {got!r} does not match this code's {want['version']}"
+        )
+    for part in ("task", "ready", "pool", "pair"):
+        if schema.get(part) != want[part]:
+            raise CheckpointError(
+                f"{mpath}: {part} features {schema.get(part)!r} differ from this code's {want[part]!r}"
+            )
+    weights = manifest["weights"]
+    if not isinstance(weights, dict) or weights.get("file") != WEIGHTS_FILE or not isinstance(
+        weights.get("sha256"), str
+    ):
+        raise CheckpointError(f"{mpath}: weights entry {weights!r} malformed")
+    return manifest
+
+
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Checkpoint:
+    """Load and verify a checkpoint directory; never unpickles anything."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    config = ModelConfig.from_json(manifest["model"])
+    wpath = path / WEIGHTS_FILE
+    try:
+        size = wpath.stat().st_size
+        if size > MAX_WEIGHTS_BYTES:
+            raise CheckpointError(f"{wpath}: {size} bytes exceeds the limit of {MAX_WEIGHTS_BYTES}")
+        blob = wpath.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"{wpath}: cannot read the weights: {exc}") from exc
+    sha = hashlib.sha256(blob).hexdigest()
+    if sha != manifest["weights"]["sha256"]:
+        raise CheckpointError(
+            f"{wpath}: sha256 {sha} does not match the manifest's {manifest['weights']['sha256']}"
+            " (tampered with, or weights and manifest from different checkpoints)"
+        )
+    try:
+        tensors = st_load(blob)
+    except (SafetensorError, ValueError) as exc:
+        raise CheckpointError(f"{wpath}: not a valid safetensors file: {exc}") from exc
+    model = PlacementGNN(config)
+    expected = {k: list(v.shape) for k, v in model.state_dict().items()}
+    got = {k: list(v.shape) for k, v in tensors.items()}
+    if got != expected or manifest["parameters"] != expected:
+        missing = sorted(set(expected) - set(got))
+        extra = sorted(set(got) - set(expected))
+        wrong = sorted(k for k in set(expected) & set(got) if expected[k] != got[k])
+        raise CheckpointError(
+            f"{wpath}: parameters do not match the model {config}: missing {missing}, unexpected"
+            f" {extra}, wrong shape {wrong}"
+        )
+    model.load_state_dict(tensors)
+    model.to(device)
+    model.eval()
+    log.info("loaded checkpoint %s (%s)", path, manifest["version"])
+    return Checkpoint(model=model, manifest=manifest, path=path)

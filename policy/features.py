@@ -1,0 +1,438 @@
+"""The featurizer: a :class:`~policy.schema.PlacementRequest` plus its run graphs -> numpy arrays.
+
+numpy only (no torch), so the simulator, the trainer and tests can build and inspect features
+without the model. The GNN in :mod:`policy.model` consumes exactly these arrays; the list of
+feature names below *is* the feature schema, and :data:`FEATURE_SCHEMA_VERSION` must change when
+any of them changes (a checkpoint records it and refuses to load against another version).
+
+Three kinds of input, following Decima (Mao et al., SIGCOMM 2019) for the DAG part:
+
+* **task nodes**, per run, *static*: they depend only on the run's graph, so they (and the GNN's
+  embeddings of them) are computed once per ``(run_key, digest)`` and cached. Messages flow from
+  children to parents (as in Decima): every descendant of a ready task is still waiting, so what a
+  ready task's embedding summarises never changes while it is ready.
+* **ready rows**, one per ready task: the run's dynamic state (fraction done, age, lateness proxy).
+* **pools** and **(ready task, pool) pairs**: pool load, speed, price; per pair the effective
+  speed for the task's kind, the estimated run / wait / finish time and cost relative to the best
+  feasible pool, and the hard-constraint mask.
+
+Pairs depend on the tasks already placed in the same batch (they add backlog to a pool), so a
+placer decodes ready tasks one at a time in :func:`decode_order` and calls :func:`pair_features`
+with the backlog placed so far; training uses the teacher's earlier choices (teacher forcing).
+
+Shapes (``N`` task nodes over all runs of the request, ``E`` dependency edges, ``R`` ready tasks,
+``P`` pools, ``U`` runs)::
+
+    RunFeatures.x           [n, F_TASK]   float32   static task features of one run
+    RunFeatures.edge_index  [2, e]        int64     (child, parent): message source -> target
+    FeatureBatch.ready_node [R]           int64     node index (into the run) of each ready task
+    FeatureBatch.ready_run  [R]           int64     which run (0..U-1) each ready task belongs to
+    FeatureBatch.ready_x    [R, F_READY]  float32   dynamic per-ready-task features
+    FeatureBatch.pool_x     [P, F_POOL]   float32
+    FeatureBatch.pair_x     [R, P, F_PAIR] float32  (rows in request order)
+    FeatureBatch.mask       [R, P]        bool      True where the pool is up and the task fits
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from policy.errors import SchemaError
+from policy.graph import GraphView, view
+from policy.schema import PlacementRequest, PoolState, ReadyTask, RunGraph, RunProgress, TaskNode
+
+FEATURE_SCHEMA_VERSION = 1
+
+#: Task kinds are hashed into this many one-hot buckets (crc32, stable across processes).
+KIND_BUCKETS = 8
+
+TASK_FEATURES: tuple[str, ...] = (
+    "log_duration",  # log1p(duration_s) / 8
+    "log_rank",  # log1p(upward rank) / 8: work on the longest path from here to the end
+    "rank_frac",  # rank / critical path of the run
+    "tlevel_frac",  # longest path from a source to this task (excluded) / critical path
+    "on_critical_path",  # 1 when tlevel + rank == critical path
+    "log_parents",
+    "log_children",
+    "log_cpus",
+    "log_memory",
+    "gpus",  # min(gpus, 4) / 4
+    "log_priority",
+    "pinned",
+    "log_run_tasks",  # log1p(tasks in the run) / 8
+    "log_run_cp",  # log1p(critical path of the run) / 8
+) + tuple(f"kind_{i}" for i in range(KIND_BUCKETS))
+
+READY_FEATURES: tuple[str, ...] = (
+    "run_done_frac",  # finished tasks / tasks
+    "run_running_frac",
+    "run_work_left_frac",  # expected work not yet finished / total work
+    "log_run_age",  # log1p(age_s) / 8
+    "run_age_over_cp",  # age / critical path (clipped at 10): how late the run already is
+    "log_ready_in_run",  # ready tasks of this run in this request
+    "log_ready_total",  # ready tasks in the whole request
+    "retry",  # try_number > 1
+)
+
+POOL_FEATURES: tuple[str, ...] = (
+    "log_speed",
+    "log_price",  # log1p(price_per_hour)
+    "log_slots",
+    "free_frac",  # free slots / slots
+    "busy_frac",
+    "queued_per_slot",  # clipped at 10
+    "up",
+    "failure_rate",
+    "log_cpus",
+    "log_memory",
+    "has_gpu",
+    "zero_slots",  # an elastic pool scaled to zero workers
+)
+
+PAIR_FEATURES: tuple[str, ...] = (
+    "log_eff_speed",  # log(speed_for(kind))
+    "log_affinity",  # log(affinity of the kind on this VM class)
+    "log_run_s",  # log1p(duration / effective speed) / 8
+    "log_wait_s",  # log1p(estimated queueing wait) / 8
+    "log_finish_s",  # log1p(wait + run) / 8
+    "finish_ratio",  # log(finish / best feasible finish), clipped at 3
+    "run_ratio",  # log(run / best feasible run), clipped at 3
+    "log_cost",  # log1p(run_s * price / 3600 * 100) / 4: cents for this task
+    "cost_ratio",  # log((cost + eps) / (cheapest feasible + eps)), clipped at 3
+    "has_free_slot",  # after the tasks already placed in this batch
+    "backlog_per_slot",  # (busy + queued + placed) / slots, clipped at 10
+    "pinned_here",
+    "feasible",
+)
+
+F_TASK = len(TASK_FEATURES)
+F_READY = len(READY_FEATURES)
+F_POOL = len(POOL_FEATURES)
+F_PAIR = len(PAIR_FEATURES)
+
+_LOG = 8.0
+
+
+def kind_bucket(kind: str) -> int:
+    """The one-hot bucket of a task kind (stable: crc32, not Python's salted ``hash``)."""
+    return zlib.crc32(kind.encode()) % KIND_BUCKETS
+
+
+@dataclass(frozen=True)
+class RunFeatures:
+    """Static features of one run's task graph (see the module docstring for shapes)."""
+
+    run_key: str
+    digest: str
+    x: np.ndarray
+    edge_index: np.ndarray
+    view: GraphView
+    #: expected work of the whole run and its critical path, seconds at speed 1.0
+    total_work_s: float = 0.0
+    critical_path_s: float = 0.0
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.x.shape[0])
+
+
+def _run_features(graph: RunGraph) -> RunFeatures:
+    g = view(graph)
+    n = len(graph.tasks)
+    x = np.zeros((n, F_TASK), dtype=np.float32)
+    rank = np.asarray(g.rank, dtype=np.float64)
+    dur = np.array([t.duration_s for t in graph.tasks], dtype=np.float64)
+    tlevel = np.zeros(n, dtype=np.float64)
+    for i in g.order:
+        for c in g.children[i]:
+            tlevel[c] = max(tlevel[c], tlevel[i] + dur[i])
+    cp = max(g.critical_path_s, 1e-9)
+    x[:, 0] = np.log1p(dur) / _LOG
+    x[:, 1] = np.log1p(rank) / _LOG
+    x[:, 2] = rank / cp
+    x[:, 3] = tlevel / cp
+    x[:, 4] = (np.abs(tlevel + rank - cp) <= 1e-6 * cp + 1e-9).astype(np.float32)
+    x[:, 5] = np.log1p([len(p) for p in g.parents])
+    x[:, 6] = np.log1p([len(c) for c in g.children])
+    x[:, 7] = np.log1p([t.cpus for t in graph.tasks])
+    x[:, 8] = np.log1p([t.memory_gb for t in graph.tasks]) / 2
+    x[:, 9] = np.minimum([t.gpus for t in graph.tasks], 4.0) / 4.0
+    x[:, 10] = np.log1p([t.priority for t in graph.tasks])
+    x[:, 11] = [t.pool is not None for t in graph.tasks]
+    x[:, 12] = math.log1p(n) / _LOG
+    x[:, 13] = math.log1p(cp) / _LOG
+    base = F_TASK - KIND_BUCKETS
+    for i, t in enumerate(graph.tasks):
+        x[i, base + kind_bucket(t.kind)] = 1.0
+    if graph.edges:
+        e = np.asarray(graph.edges, dtype=np.int64).T  # [2, E] (parent, child)
+        edge_index = np.ascontiguousarray(e[::-1])  # (child, parent): messages flow upwards
+    else:
+        edge_index = np.zeros((2, 0), dtype=np.int64)
+    return RunFeatures(graph.run_key, graph.digest, x, edge_index, g, float(dur.sum()), cp)
+
+
+_RUN_CACHE: OrderedDict[tuple[str, str], RunFeatures] = OrderedDict()
+_RUN_CACHE_SIZE = 1024
+
+
+def run_features(graph: RunGraph) -> RunFeatures:
+    """The :class:`RunFeatures` of ``graph``, cached by ``(run_key, digest)`` (LRU)."""
+    key = (graph.run_key, graph.digest)
+    hit = _RUN_CACHE.get(key)
+    if hit is not None:
+        _RUN_CACHE.move_to_end(key)
+        return hit
+    built = _run_features(graph)
+    _RUN_CACHE[key] = built
+    if len(_RUN_CACHE) > _RUN_CACHE_SIZE:
+        _RUN_CACHE.popitem(last=False)
+    return built
+
+
+def pool_features(pools: Sequence[PoolState]) -> np.ndarray:
+    """``[P, F_POOL]`` features of the pools, in request order."""
+    x = np.zeros((len(pools), F_POOL), dtype=np.float32)
+    for j, p in enumerate(pools):
+        slots = max(p.slots, 1)
+        x[j] = (
+            math.log(max(p.speed, 1e-3)),
+            math.log1p(p.price_per_hour),
+            math.log1p(p.slots) / 4,
+            p.free_slots / slots,
+            min(p.busy / slots, 10.0),
+            min(p.queued / slots, 10.0),
+            float(p.up),
+            p.failure_rate,
+            math.log1p(p.cpus) / 4,
+            math.log1p(p.memory_gb) / 6,
+            float(p.gpus > 0),
+            float(p.slots == 0),
+        )
+    return x
+
+
+@dataclass(frozen=True)
+class PairStatic:
+    """The parts of the pair features that do not depend on the batch's earlier choices.
+
+    Arrays are ``[R, P]`` (one row per ready task given) except ``slots``/``base_backlog`` ``[P]``.
+    """
+
+    speed: np.ndarray
+    affinity: np.ndarray
+    run_s: np.ndarray
+    cost: np.ndarray
+    mask: np.ndarray
+    pinned: np.ndarray
+    slots: np.ndarray
+    base_backlog: np.ndarray
+    best_run: np.ndarray  # [R]
+    best_cost: np.ndarray  # [R]
+    ref: np.ndarray  # [R, P] pools the ratios compare against (feasible, or all if none is)
+
+
+def pair_static(tasks: Sequence[TaskNode], pools: Sequence[PoolState]) -> PairStatic:
+    """Precompute the choice-independent pair quantities of ``tasks`` x ``pools``."""
+    r, n = len(tasks), len(pools)
+    base_speed = np.array([p.speed for p in pools], dtype=np.float64)
+    affinity = np.array([[p.affinity.get(t.kind, 1.0) for p in pools] for t in tasks], dtype=np.float64)
+    affinity = affinity.reshape(r, n)
+    speed = base_speed[None, :] * affinity
+    dur = np.array([t.duration_s for t in tasks], dtype=np.float64)
+    run_s = dur[:, None] / np.maximum(speed, 1e-3)
+    price = np.array([p.price_per_hour for p in pools], dtype=np.float64)
+    cost = run_s * price[None, :] / 3600.0
+    mask = np.array([[p.up and p.fits(t) for p in pools] for t in tasks], dtype=bool).reshape(r, n)
+    pinned = np.array([[t.pool == p.name for p in pools] for t in tasks], dtype=bool).reshape(r, n)
+    ref = mask | ~mask.any(axis=1, keepdims=True)
+    big = np.where(ref, run_s, np.inf)
+    best_run = np.maximum(big.min(axis=1) if n else np.ones(r), 1e-6)
+    best_cost = np.where(ref, cost, np.inf).min(axis=1) if n else np.zeros(r)
+    return PairStatic(
+        speed=speed,
+        affinity=affinity,
+        run_s=run_s,
+        cost=cost,
+        mask=mask,
+        pinned=pinned,
+        slots=np.array([p.slots for p in pools], dtype=np.float64),
+        base_backlog=np.array([p.busy + p.queued for p in pools], dtype=np.float64),
+        best_run=best_run,
+        best_cost=best_cost,
+        ref=ref,
+    )
+
+
+def pair_row(ps: PairStatic, i: int, placed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``([P, F_PAIR] features, [P] mask)`` of row ``i`` given ``placed[j]`` tasks already sent to
+    pool ``j`` in this batch.
+
+    The wait estimate is :class:`~policy.placement.EarliestFinishPlacer`'s: zero while the pool
+    has a free slot, else the backlog beyond the slots per slot times this task's run time; a
+    pool scaled to zero workers must boot one, charged as one extra run time.
+    """
+    run_s = ps.run_s[i]
+    slots = ps.slots
+    backlog = ps.base_backlog + placed
+    wait_s = np.where(backlog < slots, 0.0, (backlog - slots + 1) / np.maximum(slots, 1.0) * run_s)
+    wait_s = np.where(slots == 0, wait_s + run_s, wait_s)
+    finish = wait_s + run_s
+    best_finish = max(float(np.where(ps.ref[i], finish, np.inf).min()), 1e-6)
+    x = np.empty((len(slots), F_PAIR), dtype=np.float32)
+    x[:, 0] = np.log(np.maximum(ps.speed[i], 1e-3))
+    x[:, 1] = np.log(ps.affinity[i])
+    x[:, 2] = np.log1p(run_s) / _LOG
+    x[:, 3] = np.log1p(wait_s) / _LOG
+    x[:, 4] = np.log1p(finish) / _LOG
+    x[:, 5] = np.minimum(np.log(np.maximum(finish, 1e-6) / best_finish), 3.0)
+    x[:, 6] = np.minimum(np.log(np.maximum(run_s, 1e-6) / ps.best_run[i]), 3.0)
+    x[:, 7] = np.log1p(ps.cost[i] * 100.0) / 4
+    x[:, 8] = np.minimum(np.log((ps.cost[i] + 1e-4) / (ps.best_cost[i] + 1e-4)), 3.0)
+    x[:, 9] = backlog < slots
+    x[:, 10] = np.minimum(backlog / np.maximum(slots, 1.0), 10.0)
+    x[:, 11] = ps.pinned[i]
+    x[:, 12] = ps.mask[i]
+    return x, ps.mask[i]
+
+
+def pair_features(
+    task: TaskNode, pools: Sequence[PoolState], placed: np.ndarray | Sequence[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``([P, F_PAIR] features, [P] mask)`` of one ready task against every pool (see
+    :func:`pair_row`)."""
+    return pair_row(pair_static([task], pools), 0, np.asarray(placed, dtype=np.float64))
+
+
+@dataclass
+class FeatureBatch:
+    """Everything the model needs for one request (shapes in the module docstring)."""
+
+    runs: list[RunFeatures]
+    ready: tuple[ReadyTask, ...]
+    tasks: list[TaskNode]
+    pools: tuple[PoolState, ...]
+    ready_node: np.ndarray
+    ready_run: np.ndarray
+    ready_x: np.ndarray
+    pool_x: np.ndarray
+    pair_x: np.ndarray
+    mask: np.ndarray
+    order: np.ndarray
+    pairs: PairStatic
+
+    @property
+    def num_ready(self) -> int:
+        return len(self.ready)
+
+    @property
+    def num_pools(self) -> int:
+        return len(self.pools)
+
+
+def decode_order(request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> np.ndarray:
+    """``[R]`` ready rows in decode order: longest remaining critical path first, then priority.
+
+    The same order as :func:`policy.placement.ordered_ready`, so imitation targets line up.
+    """
+    keys = []
+    for i, ready in enumerate(request.ready):
+        g = view(graphs[ready.run_key])
+        j = g.index[ready.task_id]
+        keys.append((-g.rank[j], -g.graph.tasks[j].priority, i))
+    keys.sort()
+    return np.array([k[2] for k in keys], dtype=np.int64)
+
+
+def featurize(
+    request: PlacementRequest,
+    graphs: Mapping[str, RunGraph],
+    assigned: Sequence[int] | None = None,
+    *,
+    pairs: bool = True,
+) -> FeatureBatch:
+    """Build the :class:`FeatureBatch` of ``request``.
+
+    ``assigned`` (optional, one pool index per ready row in request order) are choices already
+    made for the batch, e.g. a teacher's: the pair features of each row then count the backlog of
+    the rows decoded before it. Without it every row sees the pools as the request reports them.
+    ``pairs=False`` leaves ``pair_x``/``mask`` zero for a caller that fills them while decoding
+    (:class:`policy.gnn.GNNPlacer`).
+    """
+    if assigned is not None and len(assigned) != len(request.ready):
+        raise SchemaError(f"assigned: {len(assigned)} choices for {len(request.ready)} ready tasks")
+    progress: dict[str, RunProgress] = {p.run_key: p for p in request.progress}
+    run_pos: dict[str, int] = {}
+    runs: list[RunFeatures] = []
+    ready_node = np.zeros(len(request.ready), dtype=np.int64)
+    ready_run = np.zeros(len(request.ready), dtype=np.int64)
+    tasks: list[TaskNode] = []
+    for i, ready in enumerate(request.ready):
+        graph = graphs.get(ready.run_key)
+        if graph is None:
+            raise SchemaError(f"ready task {ready.task_id!r}: no graph for run {ready.run_key!r}")
+        if ready.run_key not in run_pos:
+            run_pos[ready.run_key] = len(runs)
+            runs.append(run_features(graph))
+        rf = runs[run_pos[ready.run_key]]
+        j = rf.view.index.get(ready.task_id)
+        if j is None:
+            raise SchemaError(f"ready task {ready.task_id!r} is not in run {ready.run_key!r}")
+        ready_node[i] = j
+        ready_run[i] = run_pos[ready.run_key]
+        tasks.append(graph.tasks[j])
+
+    ready_per_run = np.bincount(ready_run, minlength=len(runs)) if len(request.ready) else np.zeros(0)
+    run_dyn = np.zeros((len(runs), 5), dtype=np.float32)
+    for u, rf in enumerate(runs):
+        g = rf.view
+        n = max(len(g.graph.tasks), 1)
+        prog = progress.get(rf.run_key, RunProgress(rf.run_key))
+        done = [g.index[t] for t in prog.finished if t in g.index]
+        work = max(rf.total_work_s, 1e-9)
+        done_work = sum(g.graph.tasks[k].duration_s for k in done)
+        cp = max(rf.critical_path_s, 1e-9)
+        run_dyn[u] = (
+            len(done) / n,
+            sum(1 for t in prog.running if t in g.index) / n,
+            1.0 - done_work / work,
+            math.log1p(prog.age_s) / _LOG,
+            min(prog.age_s / cp, 10.0),
+        )
+    ready_x = np.zeros((len(request.ready), F_READY), dtype=np.float32)
+    if len(request.ready):
+        ready_x[:, :5] = run_dyn[ready_run]
+        ready_x[:, 5] = np.log1p(ready_per_run[ready_run])
+        ready_x[:, 6] = math.log1p(len(request.ready))
+        ready_x[:, 7] = [r.try_number > 1 for r in request.ready]
+
+    order = decode_order(request, graphs)
+    pools = request.pools
+    pair_x = np.zeros((len(request.ready), len(pools), F_PAIR), dtype=np.float32)
+    mask = np.zeros((len(request.ready), len(pools)), dtype=bool)
+    placed = np.zeros(len(pools), dtype=np.float64)
+    ps = pair_static(tasks, pools)
+    for i in order if pairs else ():
+        pair_x[i], mask[i] = pair_row(ps, int(i), placed)
+        if assigned is not None:
+            placed[assigned[i]] += 1
+    return FeatureBatch(
+        runs=runs,
+        ready=request.ready,
+        tasks=tasks,
+        pools=pools,
+        ready_node=ready_node,
+        ready_run=ready_run,
+        ready_x=ready_x,
+        pool_x=pool_features(pools),
+        pair_x=pair_x,
+        mask=mask,
+        order=order,
+        pairs=ps,
+    )

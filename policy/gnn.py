@@ -1,0 +1,376 @@
+"""The GNN placement policy as a :class:`~policy.placement.Placer`, with per-decision evidence.
+
+Stable API (the policy server and the lab load the model only through this)::
+
+    from policy.gnn import GNNPlacer
+    placer = GNNPlacer.from_checkpoint("policy/checkpoints/default", device="cpu")
+    decisions = placer.place(request, graphs)      # one Decision per ready task, with a reason
+    placer.name, placer.version                    # "drl", "gnn-<sha256 prefix of the weights>"
+
+How a batch is decided
+    The task embeddings of each run are computed once per ``(run_key, digest)`` and cached (they
+    depend only on the graph, see :mod:`policy.model`); the pools are encoded once per request.
+    Ready tasks are then decoded one at a time, longest remaining critical path first
+    (:func:`policy.features.decode_order`): each row's pair features count the tasks already
+    sent to each pool in this batch, so two tasks do not both take the one free GPU slot. The
+    choice is the argmax of the masked logits (``temperature=0``, production) or a sample at
+    ``temperature`` (training, exploration). Infeasible pools are masked, never learned.
+
+The reason string
+    :func:`attribute` is the attribution machinery shared with ``drl-trainer explain``:
+    gradient x input of the margin between the chosen pool's logit and the runner-up's, over
+    the pair features (what made this pool better than the next) and over the task nodes of the
+    run (which DAG nodes drove the decision). The placer uses the cheap part (pair features, one
+    batched backward pass through the head) to write e.g.
+    ``gpu (gpu-a10) p=0.97 over cpu-large p=0.02: est. run 15s vs 60s, affinity x8 vs x1``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from policy.checkpoint import Checkpoint, load_checkpoint
+from policy.features import (
+    PAIR_FEATURES,
+    TASK_FEATURES,
+    FeatureBatch,
+    featurize,
+    pair_row,
+)
+from policy.model import NEG_INF, PlacementGNN
+from policy.schema import Decision, PlacementRequest, RunGraph
+
+log = logging.getLogger(__name__)
+
+_EMBED_CACHE_SIZE = 512
+
+
+@dataclass
+class Decoded:
+    """One decoded batch: the features as decided (teacher-forced on the choices), the choices.
+
+    ``actions[r]`` is a pool index, or ``num_pools`` for "wait" (only with a wait-choice model and
+    ``allow_wait``); ``logp[r]`` its log-probability under the decoding temperature (1.0 when
+    greedy it is still the model's log-probability at temperature 1).
+    """
+
+    batch: FeatureBatch
+    actions: np.ndarray
+    logp: np.ndarray
+    probs: np.ndarray  # [R, P(+1)] probabilities at temperature 1
+    #: gradient x input of each pair logit w.r.t. its own pair features, ``[R, P, F_PAIR]``
+    pair_contrib: np.ndarray
+
+
+class GNNPlacer:
+    """Places ready tasks with a :class:`~policy.model.PlacementGNN` (see the module docstring)."""
+
+    name = "drl"
+
+    def __init__(
+        self,
+        model: PlacementGNN,
+        *,
+        version: str = "gnn-untrained",
+        manifest: Mapping[str, Any] | None = None,
+        device: str = "cpu",
+        temperature: float = 0.0,
+        seed: int = 0,
+        allow_wait: bool = False,
+        explain: bool = True,
+    ) -> None:
+        if temperature < 0 or not math.isfinite(temperature):
+            raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+        self.model = model.to(device).eval()
+        self.version = version
+        self.manifest = dict(manifest or {})
+        self.device = torch.device(device)
+        self.temperature = temperature
+        self.allow_wait = allow_wait and model.config.wait_choice
+        self.explain = explain
+        self.rng = np.random.default_rng(seed)
+        self._embed: OrderedDict[tuple[str, str], tuple[Tensor, Tensor]] = OrderedDict()
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, device: str = "cpu", **kwargs: Any) -> GNNPlacer:
+        """Load a verified checkpoint directory (raises :class:`~policy.errors.CheckpointError`)."""
+        if device == "cuda" and not torch.cuda.is_available():
+            log.warning("CUDA requested but not available; the GNN policy runs on the CPU")
+            device = "cpu"
+        ckpt: Checkpoint = load_checkpoint(path, device=device)
+        return cls(ckpt.model, version=ckpt.version, manifest=ckpt.manifest, device=device, **kwargs)
+
+    def clear_cache(self) -> None:
+        """Forget cached run embeddings (call after changing the model's weights)."""
+        self._embed.clear()
+
+    # --- decoding ------------------------------------------------------------------------------
+
+    def _run_embeddings(self, fb: FeatureBatch) -> tuple[Tensor, Tensor]:
+        """Embeddings of the ready tasks ``[R, H]`` and of their runs ``[R, H]``."""
+        h_rows: list[Tensor] = []
+        s_rows: list[Tensor] = []
+        for rf in fb.runs:
+            key = (rf.run_key, rf.digest)
+            hit = self._embed.get(key)
+            if hit is None:
+                x = torch.from_numpy(rf.x).to(self.device)
+                ei = torch.from_numpy(rf.edge_index).to(self.device)
+                node_run = torch.zeros(rf.num_nodes, dtype=torch.long, device=self.device)
+                h, s = self.model.encode_graph(x, ei, node_run, 1)
+                hit = (h, s[0])
+                self._embed[key] = hit
+                if len(self._embed) > _EMBED_CACHE_SIZE:
+                    self._embed.popitem(last=False)
+            else:
+                self._embed.move_to_end(key)
+            h_rows.append(hit[0])
+            s_rows.append(hit[1])
+        rn = torch.from_numpy(fb.ready_node).to(self.device)
+        rr = torch.from_numpy(fb.ready_run).to(self.device)
+        if len(fb.runs) == 1:
+            return h_rows[0][rn], s_rows[0].unsqueeze(0).expand(len(rn), -1)
+        offs = np.cumsum([0] + [rf.num_nodes for rf in fb.runs[:-1]])
+        h_all = torch.cat(h_rows)
+        s_all = torch.stack(s_rows)
+        return h_all[torch.from_numpy(offs[fb.ready_run] + fb.ready_node).to(self.device)], s_all[rr]
+
+    @torch.no_grad()
+    def decode(
+        self, request: PlacementRequest, graphs: Mapping[str, RunGraph], *, temperature: float | None = None
+    ) -> Decoded:
+        """Decide every ready task of ``request`` (see the module docstring)."""
+        temp = self.temperature if temperature is None else temperature
+        fb = featurize(request, graphs, pairs=False)
+        num_pools = fb.num_pools
+        wait = self.model.config.wait_choice
+        width = num_pools + int(wait)
+        actions = np.zeros(fb.num_ready, dtype=np.int64)
+        logp = np.zeros(fb.num_ready, dtype=np.float64)
+        probs = np.zeros((fb.num_ready, width), dtype=np.float64)
+        contrib = np.zeros((fb.num_ready, num_pools, len(PAIR_FEATURES)), dtype=np.float32)
+        if fb.num_ready == 0:
+            return Decoded(fb, actions, logp, probs, contrib)
+        model = self.model
+        h_ready, s_ready = self._run_embeddings(fb)
+        ready_x = torch.from_numpy(fb.ready_x).to(self.device)
+        q, g = model.encode_pools(torch.from_numpy(fb.pool_x).to(self.device).unsqueeze(0))
+        b = model.pool_part(q, g)  # [1, P, H]
+        a = model.task_part(h_ready, s_ready, ready_x)  # [R, H]
+        w_logits = (
+            model.wait_logits(h_ready, s_ready, ready_x, g.expand(fb.num_ready, -1)).cpu().numpy()
+            if wait
+            else None
+        )
+        # The per-row head in numpy: the same maths as PlacementGNN.pair_logits (tested equal).
+        a_np = a.cpu().numpy()
+        b_np = b[0].cpu().numpy()
+        c_t, w_out, b_out = model.head_arrays()
+        placed = np.zeros(num_pools, dtype=np.float64)
+        for i in fb.order:
+            x, m = pair_row(fb.pairs, int(i), placed)
+            fb.pair_x[i], fb.mask[i] = x, m
+            z = np.maximum(a_np[i] + b_np + x @ c_t, 0.0)
+            row = (z @ w_out + b_out).astype(np.float64)
+            # d logit[p] / d x[p] = C^T (w * 1[z[p] > 0]): exact, and nearly free here.
+            contrib[i] = ((z > 0) * w_out) @ c_t.T * x
+            if m.any():
+                row[~m] = NEG_INF
+            if w_logits is not None:
+                row = np.append(row, w_logits[i] if self.allow_wait or temp > 0 else NEG_INF)
+            lp = row - _logsumexp(row)
+            probs[i] = np.exp(lp)
+            if temp > 0:
+                z = row / temp
+                p = np.exp(z - _logsumexp(z))
+                choice = int(self.rng.choice(width, p=p / p.sum()))
+            else:
+                choice = int(np.argmax(row))
+            actions[i] = choice
+            logp[i] = lp[choice]
+            if choice < num_pools:
+                placed[choice] += 1
+        return Decoded(fb, actions, logp, probs, contrib)
+
+    def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
+        """One :class:`Decision` per ready task (fewer only when "wait" is allowed and chosen)."""
+        dec = self.decode(request, graphs)
+        fb = dec.batch
+        reasons = (
+            explain_rows(dec) if self.explain and fb.num_ready else [""] * fb.num_ready
+        )
+        out: list[Decision] = []
+        for i in fb.order:
+            choice = int(dec.actions[i])
+            if choice >= fb.num_pools:
+                continue  # wait: the task stays ready and is offered again
+            pool = fb.pools[choice]
+            reason = reasons[i]
+            if not fb.mask[i].any():
+                t = fb.tasks[i]
+                reason += f"; no pool fits cpus={t.cpus:g} mem={t.memory_gb:g}GB gpus={t.gpus:g}"
+            ready = fb.ready[i]
+            out.append(
+                Decision(
+                    run_key=ready.run_key,
+                    task_id=ready.task_id,
+                    pool=pool.name,
+                    vm_class=pool.vm_class,
+                    score=float(dec.probs[i, choice]),
+                    reason=reason,
+                )
+            )
+        return out
+
+
+def _logsumexp(x: np.ndarray) -> float:
+    m = float(np.max(x))
+    return m + math.log(float(np.exp(x - m).sum()))
+
+
+# --- attribution ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Attribution:
+    """Evidence for one decision (row ``row`` of a decoded batch).
+
+    ``pair`` maps each pair feature to its contribution to ``logit[chosen] - logit[runner_up]``
+    (gradient x input, chosen minus runner-up); ``nodes`` (only from :func:`attribute` with
+    ``nodes=True``) is ``|gradient x input|`` summed over features, per task node of the run,
+    and ``task_features`` the same summed over nodes, per task feature.
+    """
+
+    row: int
+    chosen: int
+    runner_up: int | None
+    margin: float
+    pair: dict[str, float]
+    nodes: np.ndarray | None = None
+    task_features: dict[str, float] | None = None
+
+
+def attribute(model: PlacementGNN, dec: Decoded, row: int, device: torch.device | str = "cpu") -> Attribution:
+    """Full evidence for one decision: pair features and task nodes (used by ``explain``).
+
+    Rows of one request share the task encoder, so node attributions for a row come from the
+    gradient of that row's margin alone (one backward pass per call).
+    """
+    from policy.model import collate
+
+    device = torch.device(device)
+    fb = dec.batch
+    bt = collate([fb], device)
+    xs = bt.x.clone().requires_grad_(True)
+    pair_x = bt.pair_x.clone().requires_grad_(True)
+    with torch.enable_grad():
+        h, summary = model.encode_graph(xs, bt.edge_index, bt.node_run, bt.num_runs)
+        q, g = model.encode_pools(bt.pool_x)
+        a = model.task_part(h[bt.ready_node], summary[bt.ready_run], bt.ready_x)
+        b = model.pool_part(q, g)[bt.ready_sample]
+        logits = model.pair_logits(a, b, pair_x, bt.mask)[row]
+        chosen = int(min(dec.actions[row], fb.num_pools - 1))
+        order = torch.argsort(logits, descending=True).tolist()
+        runner = next((j for j in order if j != chosen), None)
+        margin = logits[chosen] - (logits[runner] if runner is not None else 0.0)
+        gx, gp = torch.autograd.grad(margin, [xs, pair_x])
+    contrib = gp[row] * pair_x[row].detach()
+    pair = contrib[chosen] - (contrib[runner] if runner is not None else 0.0)
+    node_imp = (gx * xs.detach()).abs().sum(dim=1).cpu().numpy()
+    u = int(fb.ready_run[row])
+    start = sum(rf.num_nodes for rf in fb.runs[:u])
+    run_nodes = node_imp[start : start + fb.runs[u].num_nodes]
+    per_feat = (gx * xs.detach()).abs()[start : start + fb.runs[u].num_nodes].sum(dim=0).cpu().numpy()
+    return Attribution(
+        row=row,
+        chosen=chosen,
+        runner_up=runner,
+        margin=float(margin.detach()),
+        pair={n: float(v) for n, v in zip(PAIR_FEATURES, pair.cpu().numpy(), strict=False)},
+        nodes=run_nodes,
+        task_features={n: float(v) for n, v in zip(TASK_FEATURES, per_feat, strict=False)},
+    )
+
+
+def _raw(fb: FeatureBatch, row: int, pool: int) -> dict[str, float]:
+    """Human quantities behind a row's pair features (the inverse of their scaling)."""
+    x = fb.pair_x[row, pool]
+    return {
+        "run_s": math.expm1(float(x[2]) * 8.0),
+        "wait_s": math.expm1(float(x[3]) * 8.0),
+        "affinity": math.exp(float(x[1])),
+        "speed": math.exp(float(x[0])),
+        "cost_c": math.expm1(float(x[7]) * 4.0),
+        "free": float(x[9]),
+        "backlog": float(x[10]),
+        "finish_s": math.expm1(float(x[4]) * 8.0),
+    }
+
+
+def _yes(flag: float) -> str:
+    return "yes" if flag else "no"
+
+
+_PHRASES = {
+    "log_eff_speed": lambda c, r: f"speed {c['speed']:.3g} vs {r['speed']:.3g}",
+    "log_affinity": lambda c, r: f"affinity x{c['affinity']:.3g} vs x{r['affinity']:.3g}",
+    "log_run_s": lambda c, r: f"est. run {c['run_s']:.0f}s vs {r['run_s']:.0f}s",
+    "run_ratio": lambda c, r: f"est. run {c['run_s']:.0f}s vs {r['run_s']:.0f}s",
+    "log_wait_s": lambda c, r: f"est. wait {c['wait_s']:.0f}s vs {r['wait_s']:.0f}s",
+    "log_finish_s": lambda c, r: f"est. finish {c['finish_s']:.0f}s vs {r['finish_s']:.0f}s",
+    "finish_ratio": lambda c, r: f"est. finish {c['finish_s']:.0f}s vs {r['finish_s']:.0f}s",
+    "log_cost": lambda c, r: f"cost {c['cost_c']:.2f}c vs {r['cost_c']:.2f}c",
+    "cost_ratio": lambda c, r: f"cost {c['cost_c']:.2f}c vs {r['cost_c']:.2f}c",
+    "has_free_slot": lambda c, r: f"free slot {_yes(c['free'])} vs {_yes(r['free'])}",
+    "backlog_per_slot": lambda c, r: f"backlog/slot {c['backlog']:.2g} vs {r['backlog']:.2g}",
+    "pinned_here": lambda c, r: "pinned by the DAG author",
+    "feasible": lambda c, r: "only feasible pool",
+}
+
+
+def describe(fb: FeatureBatch, probs: np.ndarray, row: int, chosen: int, runner: int | None,
+             pair: Mapping[str, float], top: int = 2) -> str:
+    """A one-line reason from a row's pair attribution."""
+    pool = fb.pools[chosen]
+    text = f"{pool.name} ({pool.vm_class}) p={probs[row, chosen]:.2f}"
+    if runner is None or runner >= fb.num_pools:
+        return text + ": only candidate"
+    other = fb.pools[runner]
+    text += f" over {other.name} p={probs[row, runner]:.2f}"
+    c, r = _raw(fb, row, chosen), _raw(fb, row, runner)
+    seen: list[str] = []
+    for name, value in sorted(pair.items(), key=lambda kv: -abs(kv[1])):
+        if value <= 0 or len(seen) >= top:
+            continue
+        phrase = _PHRASES[name](c, r)
+        if phrase not in seen:
+            seen.append(phrase)
+    if seen:
+        text += ": " + ", ".join(seen)
+    return text
+
+
+def explain_rows(dec: Decoded) -> list[str]:
+    """A reason string for every row of a decoded batch, from the pair attributions that
+    :meth:`GNNPlacer.decode` computed (chosen pool minus the runner-up)."""
+    fb = dec.batch
+    out = []
+    for i in range(fb.num_ready):
+        chosen = int(min(dec.actions[i], fb.num_pools - 1))
+        ranked = np.argsort(-dec.probs[i, : fb.num_pools], kind="stable")
+        ru = next((int(j) for j in ranked if j != chosen), None)
+        diff = dec.pair_contrib[i, chosen] - (dec.pair_contrib[i, ru] if ru is not None else 0.0)
+        text = describe(fb, dec.probs, i, chosen, ru, dict(zip(PAIR_FEATURES, diff.tolist(), strict=False)))
+        if dec.actions[i] >= fb.num_pools:
+            text = "wait for a better pool; best now " + text
+        out.append(text)
+    return out

@@ -1,0 +1,97 @@
+"""Checkpoint round trip and refusal of tampered or mismatched files (policy/checkpoint.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from gnn_helpers import ROOT
+
+from policy.checkpoint import (
+    MANIFEST_FILE,
+    WEIGHTS_FILE,
+    feature_schema,
+    load_checkpoint,
+    read_manifest,
+    save_checkpoint,
+)
+from policy.errors import CheckpointError
+from policy.model import ModelConfig, PlacementGNN
+
+DEFAULT = ROOT / "policy" / "checkpoints" / "default"
+
+
+@pytest.fixture()
+def ckpt(tmp_path: Path) -> Path:
+    torch.manual_seed(1)
+    save_checkpoint(PlacementGNN(ModelConfig(hidden=16, layers=2)), tmp_path / "c",
+                    training={"seed": 1}, evaluation={"jct_ratio": 1.0})
+    return tmp_path / "c"
+
+
+def test_round_trip(ckpt: Path) -> None:
+    loaded = load_checkpoint(ckpt)
+    assert loaded.config == ModelConfig(hidden=16, layers=2)
+    assert loaded.manifest["training"] == {"seed": 1}
+    assert loaded.manifest["feature_schema"] == feature_schema()
+    torch.manual_seed(1)
+    fresh = PlacementGNN(ModelConfig(hidden=16, layers=2))
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(loaded.model.state_dict()[k], v)
+    assert loaded.version.startswith("gnn-")
+
+
+def test_tampered_weights_are_refused(ckpt: Path) -> None:
+    blob = bytearray((ckpt / WEIGHTS_FILE).read_bytes())
+    blob[-1] ^= 0x01
+    (ckpt / WEIGHTS_FILE).write_bytes(bytes(blob))
+    with pytest.raises(CheckpointError, match="sha256 .* does not match"):
+        load_checkpoint(ckpt)
+
+
+def test_mismatched_feature_schema_is_refused(ckpt: Path) -> None:
+    manifest = json.loads((ckpt / MANIFEST_FILE).read_text())
+    manifest["feature_schema"]["version"] = 999
+    (ckpt / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="feature schema version 999"):
+        load_checkpoint(ckpt)
+    manifest["feature_schema"] = feature_schema()
+    manifest["feature_schema"]["pair"] = manifest["feature_schema"]["pair"][:-1]
+    (ckpt / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="pair features"):
+        load_checkpoint(ckpt)
+
+
+def test_mismatched_model_config_is_refused(ckpt: Path) -> None:
+    manifest = json.loads((ckpt / MANIFEST_FILE).read_text())
+    manifest["model"]["hidden"] = 32
+    (ckpt / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="parameters do not match"):
+        load_checkpoint(ckpt)
+
+
+def test_weights_from_another_checkpoint_are_refused(ckpt: Path, tmp_path: Path) -> None:
+    save_checkpoint(PlacementGNN(ModelConfig(hidden=16, layers=2)), tmp_path / "other")
+    (ckpt / WEIGHTS_FILE).write_bytes((tmp_path / "other" / WEIGHTS_FILE).read_bytes())
+    with pytest.raises(CheckpointError, match="different checkpoints"):
+        load_checkpoint(ckpt)
+
+
+def test_pickle_is_never_loaded(ckpt: Path) -> None:
+    """A torch.save (pickle) file in place of the weights is refused, not unpickled."""
+    torch.save(PlacementGNN(ModelConfig(hidden=16, layers=2)).state_dict(), ckpt / WEIGHTS_FILE)
+    with pytest.raises(CheckpointError):
+        load_checkpoint(ckpt)
+
+
+def test_missing_and_garbage_manifests(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="missing"):
+        read_manifest(tmp_path)
+    (tmp_path / MANIFEST_FILE).write_text("{not json")
+    with pytest.raises(CheckpointError, match="not a readable JSON"):
+        read_manifest(tmp_path)
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(CheckpointError, match="format"):
+        read_manifest(tmp_path)

@@ -1,0 +1,95 @@
+"""Featurizer shapes and values on tiny hand-made requests (policy/features.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gnn_helpers import big_request, diamond_request
+
+from policy.errors import SchemaError
+from policy.features import (
+    F_PAIR,
+    F_POOL,
+    F_READY,
+    F_TASK,
+    PAIR_FEATURES,
+    TASK_FEATURES,
+    featurize,
+    kind_bucket,
+    pair_features,
+)
+
+
+def test_shapes_on_the_diamond() -> None:
+    req, graphs = diamond_request()
+    fb = featurize(req, graphs)
+    assert len(fb.runs) == 1
+    rf = fb.runs[0]
+    assert rf.x.shape == (4, F_TASK) and rf.x.dtype == np.float32
+    # edges are (child, parent): messages flow from children up to parents
+    assert rf.edge_index.shape == (2, 4)
+    assert {tuple(e) for e in rf.edge_index.T.tolist()} == {(1, 0), (2, 0), (3, 1), (3, 2)}
+    assert fb.ready_node.tolist() == [1, 2]
+    assert fb.ready_run.tolist() == [0, 0]
+    assert fb.ready_x.shape == (2, F_READY)
+    assert fb.pool_x.shape == (3, F_POOL)
+    assert fb.pair_x.shape == (2, 3, F_PAIR)
+    assert fb.mask.shape == (2, 3)
+
+
+def test_critical_path_and_order() -> None:
+    req, graphs = diamond_request()
+    fb = featurize(req, graphs)
+    x = fb.runs[0].x
+    on_cp = x[:, TASK_FEATURES.index("on_critical_path")]
+    assert on_cp.tolist() == [1.0, 0.0, 1.0, 1.0]  # a -> c -> d is the critical path
+    assert fb.order.tolist() == [1, 0]  # c (longer rank) decoded first
+    assert x[2, len(TASK_FEATURES) - 8 + kind_bucket("gpu_train")] == 1.0
+
+
+def test_mask_is_the_hard_constraints() -> None:
+    req, graphs = diamond_request()
+    fb = featurize(req, graphs)
+    names = [p.name for p in fb.pools]
+    # c needs a GPU: only the gpu pool fits; b fits everywhere
+    assert fb.mask[1].tolist() == [n == "gpu" for n in names]
+    assert fb.mask[0].all()
+
+
+def test_teacher_forcing_adds_backlog() -> None:
+    req, graphs = diamond_request(busy_gpu=1)  # one of two GPU slots busy
+    gpu = [p.name for p in req.pools].index("gpu")
+    free = PAIR_FEATURES.index("has_free_slot")
+    alone = featurize(req, graphs)
+    assert alone.pair_x[0, gpu, free] == 1.0
+    forced = featurize(req, graphs, assigned=[gpu, gpu])  # c (decoded first) took the last slot
+    assert forced.pair_x[1, gpu, free] == 1.0
+    assert forced.pair_x[0, gpu, free] == 0.0
+    assert forced.pair_x[0, gpu, PAIR_FEATURES.index("log_wait_s")] > 0
+
+
+def test_pair_features_affinity() -> None:
+    req, graphs = diamond_request()
+    c = graphs["dag/diamond"].tasks[2]
+    x, mask = pair_features(c, req.pools, np.zeros(3))
+    gpu = [p.name for p in req.pools].index("gpu")
+    assert x[gpu, PAIR_FEATURES.index("log_affinity")] == pytest.approx(np.log(8.0))
+    assert x[gpu, PAIR_FEATURES.index("run_ratio")] == pytest.approx(0.0)
+
+
+def test_unknown_task_is_a_schema_error() -> None:
+    req, graphs = diamond_request()
+    bad = type(req)(req.request_id, ready=(type(req.ready[0])("dag/diamond", "zzz"),), pools=req.pools)
+    with pytest.raises(SchemaError, match="zzz"):
+        featurize(bad, graphs)
+    with pytest.raises(SchemaError, match="no graph"):
+        featurize(req, {})
+
+
+def test_big_request_shapes_and_finite() -> None:
+    req, graphs = big_request(200, 16)
+    fb = featurize(req, graphs)
+    assert fb.runs[0].x.shape == (200, F_TASK)
+    assert fb.pair_x.shape == (16, 3, F_PAIR)
+    for arr in (fb.runs[0].x, fb.ready_x, fb.pool_x, fb.pair_x):
+        assert np.isfinite(arr).all()
