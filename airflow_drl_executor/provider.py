@@ -7,6 +7,11 @@ from typing import Any
 from airflow_drl_executor.config import OPTIONS, SECTION
 
 
+def get_cli_commands() -> list[Any]:
+    """DRLExecutor adds no command of its own: ``airflow celery ...`` comes from the Celery provider."""
+    return []
+
+
 def get_provider_info() -> dict[str, Any]:
     options = {
         key: {
@@ -26,7 +31,7 @@ def get_provider_info() -> dict[str, Any]:
         "executors": ["airflow_drl_executor.DRLExecutor"],
         # Without a cli entry the inherited Celery CLI is registered twice and every airflow
         # command fails (seen on Airflow 3.3.2).
-        "cli": ["airflow_drl_executor.executor.DRLExecutor.get_cli_commands"],
+        "cli": ["airflow_drl_executor.provider.get_cli_commands"],
         "plugins": [{"name": "drl_executor", "plugin-class": "airflow_drl_executor.plugin.DRLExecutorPlugin"}],
         "config": {
             SECTION: {

@@ -1,0 +1,90 @@
+"""Airflow UI plugin: a "Placements" page listing every placement DRLExecutor made, and why.
+
+Mounted under ``/drl`` in the api-server (FastAPI sub-application) and linked from the navigation
+bar as an external view. Plugin apps get no authentication from Airflow, so every route depends on
+Airflow's own ``requires_access_dag("GET")`` (the session cookie of a logged-in user, or a bearer
+token).
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from airflow.plugins_manager import AirflowPlugin
+from fastapi import Depends, FastAPI, Query
+from fastapi.responses import HTMLResponse
+
+from airflow_drl_executor import traces
+
+URL_PREFIX = "/drl"
+
+
+def _rows(limit: int) -> list[dict[str, Any]]:
+    from airflow.utils.session import create_session
+    from sqlalchemy import inspect
+
+    with create_session() as session:
+        conn = session.connection()
+        if not inspect(conn).has_table(traces.placements.name):
+            return []
+        return [dict(r._mapping) for r in conn.execute(traces.outcomes_query(limit))]
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if hasattr(value, "isoformat"):
+        return html.escape(value.isoformat(timespec="seconds"))
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    return html.escape(str(value))
+
+
+COLUMNS = ("dag_id", "run_id", "task_id", "try_number", "pool", "vm_class", "fallback", "policy_version",
+           "decision_ms", "state", "hostname", "start_date", "end_date", "reason")
+
+
+def create_app() -> FastAPI:
+    from airflow.api_fastapi.core_api.security import requires_access_dag
+
+    app = FastAPI(title="DRL Executor placements",
+                  dependencies=[Depends(requires_access_dag(method="GET"))])
+
+    @app.get("/api/placements")
+    def placements_json(limit: int = Query(200, ge=1, le=5000)) -> list[dict[str, Any]]:
+        """Latest placements joined with their outcome, as JSON."""
+        return _rows(limit)
+
+    @app.get("/", response_class=HTMLResponse)
+    def placements_page(limit: int = Query(200, ge=1, le=5000)) -> str:
+        rows = _rows(limit)
+        head = "".join(f"<th>{c}</th>" for c in COLUMNS)
+        body = "".join(
+            "<tr class='{}'>".format("fallback" if r.get("fallback") else "policy")
+            + "".join(f"<td>{_cell(r.get(c))}</td>" for c in COLUMNS) + "</tr>"
+            for r in rows
+        )
+        fallbacks = sum(1 for r in rows if r.get("fallback"))
+        return f"""<!doctype html><html><head><meta charset="utf-8"><title>DRL placements</title>
+<style>body{{font-family:sans-serif;margin:1em}} table{{border-collapse:collapse;font-size:13px}}
+td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}} tr.fallback{{background:#fff3cd}}
+th{{background:#eef}}</style></head><body>
+<h2>DRLExecutor placements</h2>
+<p id="summary">{len(rows)} placements shown, {fallbacks} by the fallback heuristic
+(highlighted). Reason = the policy's evidence for its choice.</p>
+<table id="placements"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></body></html>"""
+
+    return app
+
+
+class DRLExecutorPlugin(AirflowPlugin):
+    name = "drl_executor"
+    fastapi_apps = [{"app": create_app(), "url_prefix": URL_PREFIX, "name": "DRL placements"}]
+    external_views = [{
+        "name": "Placements",
+        "href": f"{URL_PREFIX}/",
+        "destination": "nav",
+        "url_route": "drl-placements",
+        "category": "browse",
+    }]
