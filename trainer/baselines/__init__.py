@@ -1,0 +1,70 @@
+"""The baselines: every one a :class:`~policy.placement.Placer`, built by name.
+
+``make_placer(name, catalogue, seed)`` builds one; :data:`BASELINES` lists every name (the
+``baselines`` keyword of ``drl-trainer bench``). List-scheduling names are ``ORDER+PLACEMENT``
+(see :mod:`trainer.baselines.rules`). ``eft`` is the shipped :class:`~policy.placement.EarliestFinishPlacer`
+(the executor's own fallback); ``rollout`` is the slow search reference.
+"""
+
+from __future__ import annotations
+
+from policy.catalogue import Catalogue
+from policy.placement import EarliestFinishPlacer, Placer
+from trainer.baselines.planners import Cpop, Heft
+from trainer.baselines.rules import (
+    ORDERS,
+    PLACEMENTS,
+    CostAware,
+    Fifo,
+    ListScheduler,
+    MinMin,
+    RandomPlacer,
+    RoundRobin,
+    StaticQueue,
+)
+
+SIMPLE = ("random", "round-robin", "static", "fifo", "eft", "heft", "cpop", "min-min", "cost-aware")
+LIST_RULES = tuple(f"{o}+{p}" for o in ORDERS for p in PLACEMENTS)
+#: every baseline except the slow rollout planner, in table order
+BASELINES = SIMPLE + LIST_RULES
+SLOW = ("rollout",)
+
+
+def make_placer(name: str, catalogue: Catalogue | None = None, seed: int = 0) -> Placer:
+    """A fresh placer (placers keep per-simulation state: build one per simulation)."""
+    if name == "random":
+        return RandomPlacer(catalogue, seed)
+    if name == "round-robin":
+        return RoundRobin(catalogue)
+    if name == "static":
+        return StaticQueue(catalogue)
+    if name == "fifo":
+        return Fifo(catalogue)
+    if name == "eft":
+        return EarliestFinishPlacer()
+    if name == "heft":
+        return Heft(catalogue)
+    if name == "cpop":
+        return Cpop(catalogue)
+    if name == "min-min":
+        return MinMin(catalogue)
+    if name == "cost-aware":
+        return CostAware(catalogue)
+    if name == "rollout":
+        from trainer.baselines.rollout import RolloutPlanner
+
+        return RolloutPlanner(catalogue, seed=seed)
+    if "+" in name:
+        order, _, placement = name.partition("+")
+        return ListScheduler(order, placement, catalogue)
+    raise ValueError(f"unknown policy {name!r}; expected one of {BASELINES + SLOW}")
+
+
+def expand(names: str) -> list[str]:
+    """A comma list of policy names, with ``baselines`` expanded to :data:`BASELINES`."""
+    out: list[str] = []
+    for item in [s.strip() for s in names.split(",") if s.strip()]:
+        for name in BASELINES if item == "baselines" else (item,):
+            if name not in out:
+                out.append(name)
+    return out

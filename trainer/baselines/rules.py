@@ -1,0 +1,333 @@
+"""Dispatch rules as :class:`~policy.placement.Placer`\\ s: random, round-robin, static queue, FIFO,
+list scheduling (a job order x a placement), min-min and a cost-aware rule.
+
+Every rule sees only the request (and the catalogue an operator would configure it with) and
+keeps a :class:`~trainer.baselines.ledger.Ledger` of its own decisions. Rules that *wait* for a
+busy, faster pool leave the task out of their reply (late binding: the task stays ready and is
+offered again), except when waiting is on an elastic pool that can still grow: then the task is
+queued there, because KEDA-style scaling only sees queued tasks.
+
+Job orders (issue 3; Decima, Mao et al. 2019, for SRPT across jobs):
+
+* ``fifo`` -- oldest run first; inside a run, longest remaining critical path first;
+* ``srpt`` -- run with the least remaining work first (then critical path);
+* ``rcp``  -- run with the shortest remaining critical path first;
+* ``cpf``  -- critical-path tasks first across all runs (largest upward rank).
+
+Placements:
+
+* ``ff``  -- fastest pool with a free slot (never waits);
+* ``eft`` -- earliest estimated finish, which may wait for a busy faster pool;
+* ``eftm`` -- earliest finish, but waits only if it beats the best free pool by ``margin``.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Callable, Mapping
+
+import numpy as np
+
+from policy.catalogue import Catalogue
+from policy.graph import GraphView, view
+from policy.placement import feasible
+from policy.schema import Decision, PlacementRequest, PoolState, ReadyTask, RunGraph, RunProgress, TaskNode
+from trainer.baselines.ledger import INF, Ledger, run_time
+
+ORDERS = ("fifo", "srpt", "rcp", "cpf")
+PLACEMENTS = ("ff", "eft", "eftm")
+
+Item = tuple[ReadyTask, TaskNode, GraphView, int]
+
+
+def _decision(ready: ReadyTask, pool: PoolState, finish: float, why: str) -> Decision:
+    return Decision(ready.run_key, ready.task_id, pool.name, pool.vm_class, score=-finish, reason=why)
+
+
+def _items(request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Item]:
+    out = []
+    for ready in request.ready:
+        g = view(graphs[ready.run_key])
+        i = g.index[ready.task_id]
+        out.append((ready, g.graph.tasks[i], g, i))
+    return out
+
+
+class _Rule:
+    """Shared machinery: the ledger, and sending / reserving one task."""
+
+    name = "rule"
+    version = "baseline-1"
+
+    def __init__(self, catalogue: Catalogue | None = None) -> None:
+        self.ledger = Ledger(catalogue)
+
+    def _any_slot(self, request: PlacementRequest) -> bool:
+        led = self.ledger
+        return any(led.has_free_slot(p) or (p.up and led.can_grow(p)) for p in request.pools)
+
+    def _send(self, out: list[Decision], ready: ReadyTask, pool: PoolState, run_s: float, why: str) -> None:
+        finish = max(self.ledger.free_at(pool), self.ledger.now) + run_s
+        self.ledger.commit(pool, finish)
+        out.append(_decision(ready, pool, finish, why))
+
+    def _place_eft(self, out: list[Decision], ready: ReadyTask, task: TaskNode, pools: list[PoolState],
+                   margin: float | None) -> None:
+        """Earliest finish: send if the best pool has a free slot (or can grow), else wait."""
+        led = self.ledger
+        now = led.now
+        best: tuple[float, float, str] | None = None
+        best_pool = None
+        best_free: tuple[float, float, str] | None = None
+        best_free_pool = None
+        for p in pools:
+            run_s = run_time(task, p)
+            f = led.free_at(p) + run_s
+            key = (f, p.price_per_hour, p.name)
+            if best is None or key < best:
+                best, best_pool = key, p
+            if led.has_free_slot(p) and (best_free is None or key < best_free):
+                best_free, best_free_pool = key, p
+        if best is None or best_pool is None or best[0] == INF:
+            return
+        if margin is not None and best_free is not None and best_free_pool is not best_pool:
+            if (best_free[0] - now) <= (1.0 + margin) * (best[0] - now):
+                best, best_pool = best_free, best_free_pool
+        assert best_pool is not None
+        run_s = run_time(task, best_pool)
+        if led.has_free_slot(best_pool) or led.can_grow(best_pool):
+            self._send(out, ready, best_pool, run_s, f"eft {best[0] - now:.1f}s on {best_pool.name}")
+        else:
+            led.reserve(best_pool, best[0])  # wait for it: later tasks of this batch see the slot held
+
+    def _place_ff(
+        self, out: list[Decision], ready: ReadyTask, task: TaskNode, pools: list[PoolState]
+    ) -> None:
+        led = self.ledger
+        free = [p for p in pools if led.has_free_slot(p)]
+        if not free:
+            free = [p for p in pools if led.can_grow(p)]
+        if not free:
+            return
+        p = max(free, key=lambda q: (q.speed_for(task.kind), -q.price_per_hour))
+        self._send(out, ready, p, run_time(task, p), f"fastest free: {p.name}")
+
+
+class ListScheduler(_Rule):
+    """A job order combined with a placement (see the module docstring)."""
+
+    def __init__(self, order: str, placement: str, catalogue: Catalogue | None = None,
+                 margin: float = 0.25) -> None:
+        super().__init__(catalogue)
+        if order not in ORDERS:
+            raise ValueError(f"unknown job order {order!r}; expected one of {ORDERS}")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"unknown placement {placement!r}; expected one of {PLACEMENTS}")
+        self.order, self.placement, self.margin = order, placement, margin
+        self.name = f"{order}+{placement}"
+        self._done_work: dict[str, tuple[int, float]] = {}
+
+    def _remaining_work(self, g: GraphView, prog: RunProgress | None) -> float:
+        if prog is None:
+            return g.total_work_s
+        key = g.graph.run_key
+        n, done = self._done_work.get(key, (0, 0.0))
+        if n != len(prog.finished):
+            tasks, index = g.graph.tasks, g.index
+            done = sum(tasks[index[t]].duration_s for t in prog.finished)
+            self._done_work[key] = (len(prog.finished), done)
+        return g.total_work_s - done
+
+    def sort(self, items: list[Item], request: PlacementRequest) -> None:
+        order = self.order
+        if order == "cpf":
+            items.sort(key=lambda it: (-it[2].rank[it[3]], -it[1].priority))
+            return
+        progress = {p.run_key: p for p in request.progress}
+        job_key: dict[str, float] = {}
+        for _, _, g, i in items:
+            rk = g.graph.run_key
+            if order == "fifo":
+                prog = progress.get(rk)
+                job_key[rk] = request.created_at - (prog.age_s if prog else 0.0)
+            elif order == "srpt":
+                if rk not in job_key:
+                    job_key[rk] = self._remaining_work(g, progress.get(rk))
+            else:  # rcp: the longest upward rank among the run's ready and running tasks
+                cur = job_key.get(rk)
+                if cur is None:
+                    prog = progress.get(rk)
+                    cur = max((g.rank[g.index[t]] for t in prog.running), default=0.0) if prog else 0.0
+                job_key[rk] = max(cur, g.rank[i])
+        items.sort(key=lambda it: (job_key[it[2].graph.run_key], it[2].graph.run_key, -it[2].rank[it[3]]))
+
+    def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
+        self.ledger.begin(request)
+        items = _items(request, graphs)
+        self.sort(items, request)
+        out: list[Decision] = []
+        for ready, task, _, _ in items:
+            if not self._any_slot(request):
+                break  # nothing can be sent any more in this batch: the rest waits
+            pools = feasible(task, request.pools)
+            if self.placement == "ff":
+                self._place_ff(out, ready, task, pools)
+            else:
+                self._place_eft(out, ready, task, pools, self.margin if self.placement == "eftm" else None)
+        return out
+
+
+class MinMin(_Rule):
+    """Min-min (Ibarra & Kim 1977), online: repeatedly send the ready task with the earliest
+    achievable finish to the pool achieving it; tasks whose best pool is busy wait."""
+
+    name = "min-min"
+
+    def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
+        led = self.ledger
+        led.begin(request)
+        items = _items(request, graphs)
+        pools = list(request.pools)
+        if not items:
+            return []
+        # run[k, p]: task k's run time on pool p (inf where infeasible); one row per ready task
+        run = np.full((len(items), len(pools)), INF)
+        for k, (_, t, _, _) in enumerate(items):
+            for j, p in enumerate(pools):
+                if p.up and p.fits(t):
+                    run[k, j] = run_time(t, p)
+        out: list[Decision] = []
+        while self._any_slot(request):
+            free = np.array([led.free_at(p) for p in pools])
+            finish = run + free
+            flat = int(np.argmin(finish))
+            k, j = divmod(flat, len(pools))
+            f = float(finish[k, j])
+            if f == INF:
+                break
+            run[k, :] = INF
+            ready, task, _, _ = items[k]
+            p = pools[j]
+            if led.has_free_slot(p) or led.can_grow(p):
+                self._send(out, ready, p, run_time(task, p), f"min-min finish {f - led.now:.1f}s")
+            else:
+                led.reserve(p, f)
+        return out
+
+
+class CostAware(ListScheduler):
+    """The cheapest pool whose estimated finish is within ``slack`` of the earliest one.
+
+    Jobs in SRPT order; a task waits (late binding) when its chosen pool is busy.
+    """
+
+    def __init__(self, catalogue: Catalogue | None = None, slack: float = 0.5) -> None:
+        super().__init__("srpt", "eft", catalogue)
+        self.slack = slack
+        self.name = "cost-aware"
+
+    def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
+        led = self.ledger
+        led.begin(request)
+        items = _items(request, graphs)
+        self.sort(items, request)
+        out: list[Decision] = []
+        now = led.now
+        for ready, task, _, _ in items:
+            if not self._any_slot(request):
+                break
+            scored = [(led.free_at(p) + run_time(task, p), p) for p in feasible(task, request.pools)]
+            scored = [s for s in scored if s[0] < INF]
+            if not scored:
+                continue
+            best_f = min(f for f, _ in scored)
+            ok = [(run_time(task, p) * p.price_per_hour, f, p) for f, p in scored
+                  if f - now <= (1.0 + self.slack) * (best_f - now)]
+            _, f, p = min(ok, key=lambda s: (s[0], s[1], s[2].name))
+            if led.has_free_slot(p) or led.can_grow(p):
+                self._send(out, ready, p, run_time(task, p), f"cheapest within {self.slack:.0%} of eft")
+            else:
+                led.reserve(p, f)
+        return out
+
+
+class Fifo(_Rule):
+    """First come, first served: ready tasks in the order they became ready, each to the first
+    pool (catalogue order) with a free slot; the rest waits."""
+
+    name = "fifo"
+
+    def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
+        led = self.ledger
+        led.begin(request)
+        out: list[Decision] = []
+        for ready, task, _, _ in _items(request, graphs):
+            if not self._any_slot(request):
+                break
+            pools = feasible(task, request.pools)
+            p = next((q for q in pools if led.has_free_slot(q)), None)
+            p = p or next((q for q in pools if led.can_grow(q)), None)
+            if p is not None:
+                self._send(out, ready, p, run_time(task, p), "first free pool")
+        return out
+
+
+class _Committing(_Rule):
+    """Rules that send every ready task at once to a pool chosen by ``pick`` (Celery-style)."""
+
+    def pick(self, task: TaskNode, pools: list[PoolState]) -> PoolState:
+        raise NotImplementedError
+
+    def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
+        self.ledger.begin(request)
+        out: list[Decision] = []
+        for ready, task, _, _ in _items(request, graphs):
+            pools = feasible(task, request.pools)
+            if pools:
+                p = self.pick(task, pools)
+                self._send(out, ready, p, run_time(task, p), self.name)
+        return out
+
+
+class RandomPlacer(_Committing):
+    """A uniformly random feasible pool."""
+
+    name = "random"
+
+    def __init__(self, catalogue: Catalogue | None = None, seed: int = 0) -> None:
+        super().__init__(catalogue)
+        self.rng = random.Random(seed)
+
+    def pick(self, task: TaskNode, pools: list[PoolState]) -> PoolState:
+        return pools[self.rng.randrange(len(pools))]
+
+
+class RoundRobin(_Committing):
+    """Feasible pools in turn."""
+
+    name = "round-robin"
+
+    def __init__(self, catalogue: Catalogue | None = None) -> None:
+        super().__init__(catalogue)
+        self.turn = 0
+
+    def pick(self, task: TaskNode, pools: list[PoolState]) -> PoolState:
+        self.turn += 1
+        return pools[self.turn % len(pools)]
+
+
+class StaticQueue(_Committing):
+    """What Airflow does today: each task to the queue its author typed. Authors send the task
+    kinds a VM class is built for (affinity > 1) to that pool, everything else to the default
+    (first) pool that can hold it."""
+
+    name = "static"
+
+    def pick(self, task: TaskNode, pools: list[PoolState]) -> PoolState:
+        special = [p for p in pools if p.affinity.get(task.kind, 1.0) > 1.0]
+        if special:
+            return max(special, key=lambda p: p.affinity.get(task.kind, 1.0))
+        return pools[0]
+
+
+Factory = Callable[[Catalogue, int], object]

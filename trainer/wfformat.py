@@ -1,0 +1,170 @@
+"""Import of WfCommons WfFormat 1.4 / 1.5 workflow instances as :class:`~policy.schema.RunGraph`.
+
+WfFormat 1.5 splits a workflow into ``workflow.specification.tasks`` (``id``, ``name``,
+``parents``, ``children``) and ``workflow.execution.tasks`` (``id``, ``runtimeInSeconds``,
+``coreCount``, ``avgCPU``, ``memoryInBytes``, ``readBytes``, ``writtenBytes``); 1.4 keeps one list,
+``workflow.tasks``, with the measurements inline (``runtimeInSeconds``, ``cores``,
+``memoryInBytes``, ``bytesRead``/``bytesWritten``). The JSON is parsed here, offline (the
+``wfcommons`` loader fetches its schema from the network). Malformed input raises
+:class:`~policy.errors.SchemaError` (a ``ValueError``) naming the file and the field.
+
+Mapping to the task graph: ``duration_s`` = measured runtime (at least 0.01 s), ``cpus`` = cores
+(default 1), ``memory_gb`` = peak memory in GB (default 1), ``kind`` = the task's ``name`` without
+its ``_ID000123`` suffix (e.g. ``blastall``), ``priority`` = the trace's ``priority`` if given.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from policy.errors import SchemaError
+from policy.schema import RunGraph, TaskNode
+
+SUPPORTED = ("1.4", "1.5")
+_ID_SUFFIX = re.compile(r"_ID\d+$")
+
+
+@dataclass(frozen=True)
+class WfTrace:
+    """A workflow instance: its task graph plus the I/O volumes the graph has no field for."""
+
+    graph: RunGraph
+    read_bytes: Mapping[str, float] = field(default_factory=dict)
+    written_bytes: Mapping[str, float] = field(default_factory=dict)
+    name: str = ""
+
+
+def _num(obj: Mapping[str, Any], key: str, where: str, default: float | None) -> float | None:
+    value = obj.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise SchemaError(f"{where}.{key}: expected a number >= 0, got {value!r}")
+    return float(value)
+
+
+def _ids(obj: Mapping[str, Any], key: str, where: str) -> list[str]:
+    value = obj.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SchemaError(f"{where}.{key}: expected a list of task ids, got {value!r}")
+    return value
+
+
+def parse_wfformat(doc: Any, source: str = "<memory>") -> WfTrace:
+    """Build a :class:`WfTrace` from a decoded WfFormat document."""
+    if not isinstance(doc, Mapping):
+        raise SchemaError(f"{source}: expected a JSON object, got {type(doc).__name__}")
+    version = doc.get("schemaVersion")
+    if str(version) not in SUPPORTED:
+        raise SchemaError(f"{source}: schemaVersion: {version!r} not supported (want one of {SUPPORTED})")
+    wf = doc.get("workflow")
+    if not isinstance(wf, Mapping):
+        raise SchemaError(f"{source}: workflow: missing or not an object")
+    spec_where = f"{source}: workflow.specification.tasks"
+    if "specification" in wf:
+        spec = wf["specification"]
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("tasks"), list):
+            raise SchemaError(f"{spec_where}: missing or not a list")
+        spec_tasks: list[Any] = spec["tasks"]
+        execution = wf.get("execution") or {}
+        if not isinstance(execution, Mapping) or not isinstance(execution.get("tasks", []), list):
+            raise SchemaError(f"{source}: workflow.execution.tasks: not a list")
+        measured: dict[str, Mapping[str, Any]] = {}
+        for i, t in enumerate(execution.get("tasks", [])):
+            where = f"{source}: workflow.execution.tasks[{i}]"
+            if not isinstance(t, Mapping) or not isinstance(t.get("id"), str):
+                raise SchemaError(f"{where}.id: missing or not a string")
+            measured[t["id"]] = t
+        read_key, written_key, cores_key = "readBytes", "writtenBytes", "coreCount"
+    else:
+        spec_where = f"{source}: workflow.tasks"
+        if not isinstance(wf.get("tasks"), list):
+            raise SchemaError(f"{spec_where}: missing or not a list")
+        spec_tasks = wf["tasks"]
+        measured = {}
+        read_key, written_key, cores_key = "bytesRead", "bytesWritten", "cores"
+    if not spec_tasks:
+        raise SchemaError(f"{spec_where}: the workflow has no tasks")
+    ids: list[str] = []
+    for i, t in enumerate(spec_tasks):
+        where = f"{spec_where}[{i}]"
+        if not isinstance(t, Mapping):
+            raise SchemaError(f"{where}: expected an object")
+        tid = t.get("id", t.get("name"))
+        if not isinstance(tid, str) or not tid:
+            raise SchemaError(f"{where}.id: missing or not a string")
+        ids.append(tid)
+    index = {tid: i for i, tid in enumerate(ids)}
+    if len(index) != len(ids):
+        dup = next(t for t in ids if ids.count(t) > 1)
+        raise SchemaError(f"{spec_where}: duplicate task id {dup!r}")
+    tasks: list[TaskNode] = []
+    edges: set[tuple[int, int]] = set()
+    read: dict[str, float] = {}
+    written: dict[str, float] = {}
+    for i, t in enumerate(spec_tasks):
+        where = f"{spec_where}[{i}]"
+        tid = ids[i]
+        m = measured.get(tid, t)
+        mwhere = f"{source}: workflow.execution.tasks[id={tid}]" if tid in measured else where
+        runtime = _num(m, "runtimeInSeconds", mwhere, None)
+        if runtime is None:
+            raise SchemaError(f"{mwhere}.runtimeInSeconds: missing")
+        cores = _num(m, cores_key, mwhere, 1.0) or 1.0
+        mem = _num(m, "memoryInBytes", mwhere, None)
+        prio = _num(m, "priority", mwhere, 1.0)
+        name = t.get("name") if isinstance(t.get("name"), str) else tid
+        tasks.append(TaskNode(
+            task_id=tid, duration_s=max(0.01, runtime), cpus=cores,
+            memory_gb=(mem / 1e9 if mem else 1.0), priority=prio if prio is not None else 1.0,
+            kind=_ID_SUFFIX.sub("", name) or "default",
+        ))
+        for key, out in ((read_key, read), (written_key, written)):
+            v = _num(m, key, mwhere, None)
+            if v is not None:
+                out[tid] = v
+        for parent in _ids(t, "parents", where):
+            if parent not in index:
+                raise SchemaError(f"{where}.parents: unknown task id {parent!r}")
+            edges.add((index[parent], i))
+        for child in _ids(t, "children", where):
+            if child not in index:
+                raise SchemaError(f"{where}.children: unknown task id {child!r}")
+            edges.add((i, index[child]))
+    run_key = str(doc.get("name") or Path(source).stem)
+    try:
+        graph = RunGraph(run_key=run_key, tasks=tuple(tasks), edges=tuple(sorted(edges)))
+    except SchemaError as exc:
+        raise SchemaError(f"{source}: {exc}") from exc
+    from policy.graph import view
+
+    try:
+        view(graph)
+    except SchemaError as exc:
+        raise SchemaError(f"{source}: workflow tasks: {exc}") from exc
+    return WfTrace(graph=graph, read_bytes=read, written_bytes=written, name=run_key)
+
+
+def read_wfformat(path: str | Path) -> WfTrace:
+    """Read one WfFormat JSON file."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as exc:
+        raise SchemaError(f"{path}: cannot read: {exc}") from exc
+    except ValueError as exc:
+        raise SchemaError(f"{path}: not valid JSON: {exc}") from exc
+    trace = parse_wfformat(doc, str(path))
+    # Files are the identity of a trace: key runs by file stem, not by the trace's own name.
+    graph = RunGraph(run_key=path.stem, tasks=trace.graph.tasks, edges=trace.graph.edges)
+    return WfTrace(graph=graph, read_bytes=trace.read_bytes, written_bytes=trace.written_bytes,
+                   name=trace.name)
+
+
+def load_wfformat(path: str | Path) -> RunGraph:
+    """Read one WfFormat JSON file as a :class:`RunGraph` keyed by the file's stem."""
+    return read_wfformat(path).graph
