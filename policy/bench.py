@@ -124,7 +124,7 @@ def start_redis(port: int | None = None, password: str | None = None) -> Private
 def start_server(url: str, prefix: str, extra: list[str] | None = None,
                  log_path: str | None = None) -> subprocess.Popen[bytes]:
     """``drl-policy serve`` as a child process (stdout/stderr to ``log_path`` or discarded)."""
-    cmd = [sys.executable, "-m", "policy.cli", "--log-level", "WARNING", "serve", "--redis", url,
+    cmd = [sys.executable, "-m", "policy.cli", "--log-level=WARNING", "serve", "--redis", url,
            "--prefix", prefix, *(extra or [])]
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - child owns it
     return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)

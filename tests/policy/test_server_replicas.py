@@ -1,0 +1,156 @@
+"""Replicas, crashes, shutdown and lost connections, against real redis-server processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from server_helpers import KEYS, ask, chain, request, send, wait_reply
+
+from policy.bench import PrivateRedis, start_redis, wait_for_server
+from policy.config import ServerConfig
+from policy.server import PolicyServer
+
+pytestmark = pytest.mark.integration
+
+
+def _serve_proc(url: str, consumer: str, *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "policy.cli", "--log-level=WARNING", "serve", "--redis", url,
+         "--prefix", KEYS.prefix, "--consumer", consumer, "--block-ms", "50", "--heartbeat-s", "0.2",
+         *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_two_replicas_share_the_load(start_server, rclient: redis.Redis) -> None:
+    a = start_server(consumer="a", batch_max=2)
+    b = start_server(consumer="b", batch_max=2)
+    g = chain("shared", 20)
+    assert ask(rclient, request([g], [("shared", "t0")])).ok  # type: ignore[union-attr]
+    reqs = [request([g], [("shared", f"t{i % 20}")]) for i in range(200)]
+    pipe = rclient.pipeline(transaction=False)
+    for req in reqs:
+        pipe.xadd(KEYS.requests, {"payload": json.dumps(req.to_json())})
+    pipe.execute()
+    replies = [wait_reply(rclient, req.request_id) for req in reqs]
+    assert all(r is not None and r.ok for r in replies)
+    assert a.server.handled > 10 and b.server.handled > 10
+
+
+def test_pending_requests_of_a_dead_replica_are_claimed(start_server, rclient: redis.Redis) -> None:
+    rclient.xgroup_create(KEYS.requests, KEYS.group, id="0", mkstream=True)
+    reqs = [request([chain("orphan")], [("orphan", "t1")], deadline_ms=10_000) for _ in range(5)]
+    for req in reqs:
+        send(rclient, req)
+    # A replica reads them and dies before replying: they sit in its pending list.
+    got = rclient.xreadgroup(KEYS.group, "dead", {KEYS.requests: ">"}, count=10)
+    assert len(got[0][1]) == 5
+    survivor = start_server(consumer="survivor", claim_idle_ms=200)
+    replies = [wait_reply(rclient, req.request_id) for req in reqs]
+    assert all(r is not None and r.ok for r in replies)
+    assert survivor.server.metrics.claimed._value.get() == 5
+    assert rclient.xpending(KEYS.requests, KEYS.group)["pending"] == 0
+
+
+def test_killing_a_replica_mid_stream_loses_no_request(redis_url: str, rclient: redis.Redis,
+                                                       procs: list[subprocess.Popen[bytes]]) -> None:
+    procs.append(_serve_proc(redis_url, "victim", "--claim-idle-ms", "300", "--batch-max", "4"))
+    procs.append(_serve_proc(redis_url, "survivor", "--claim-idle-ms", "300", "--batch-max", "4"))
+    wait_for_server(rclient, KEYS, count=2)
+    g = chain("kill", 30)
+    assert ask(rclient, request([g], [("kill", "t0")])).ok  # type: ignore[union-attr]
+    reqs = [request([g], [("kill", f"t{i % 30}")], deadline_ms=8000) for i in range(400)]
+
+    def produce() -> None:
+        r = redis.Redis.from_url(redis_url)
+        for req in reqs:
+            send(r, req)
+            time.sleep(0.002)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    time.sleep(0.3)
+    procs[0].send_signal(signal.SIGKILL)
+    producer.join()
+    replies = [wait_reply(rclient, req.request_id, timeout_s=8) for req in reqs]
+    missing = [req.request_id for req, rep in zip(reqs, replies, strict=True) if rep is None]
+    assert not missing, f"{len(missing)} requests unanswered"
+    assert all(r is not None and r.ok for r in replies)
+    assert procs[0].wait(5) == -signal.SIGKILL
+
+
+def test_sigterm_finishes_and_exits_zero(redis_url: str, rclient: redis.Redis,
+                                         procs: list[subprocess.Popen[bytes]]) -> None:
+    procs.append(_serve_proc(redis_url, "term"))
+    wait_for_server(rclient, KEYS)
+    req = request([chain("term")], [("term", "t0")])
+    reply = ask(rclient, req)
+    assert reply is not None and reply.ok
+    procs[0].send_signal(signal.SIGTERM)
+    out, _ = procs[0].communicate(timeout=10)
+    assert procs[0].returncode == 0, out.decode()
+    assert not rclient.hexists(KEYS.heartbeat, "term")  # said goodbye
+
+
+@pytest.fixture
+def own_redis() -> Iterator[PrivateRedis]:
+    srv = start_redis()
+    yield srv
+    srv.stop()
+
+
+def test_server_reconnects_after_redis_restarts(own_redis: PrivateRedis) -> None:
+    config = ServerConfig(redis_url=own_redis.url, prefix=KEYS.prefix, consumer="phoenix", block_ms=50,
+                          heartbeat_s=0.2, reconnect_base_s=0.05, reconnect_max_s=0.3)
+    server = PolicyServer(config)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    r = own_redis.client()
+    assert ask(r, request([chain("x")], [("x", "t0")])).ok  # type: ignore[union-attr]
+    own_redis.proc.terminate()
+    own_redis.proc.wait(5)
+    deadline = time.monotonic() + 5
+    while server.connected and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not server.connected and server.health()["status"] == "redis_unavailable"
+    restarted = start_redis(port=own_redis.port, password=own_redis.password)
+    try:
+        r = restarted.client()
+        # the restarted Redis is empty: the graph cache survives, the group is recreated
+        reply = ask(r, request([chain("x")], [("x", "t1")]), timeout_s=5)
+        assert reply is not None and reply.ok
+        assert server.metrics.reconnects._value.get() >= 1
+        assert thread.is_alive()
+    finally:
+        server.stop()
+        thread.join(5)
+        restarted.stop()
+    assert not thread.is_alive()
+
+
+def test_serve_starts_without_torch(redis_url: str, rclient: redis.Redis,
+                                    procs: list[subprocess.Popen[bytes]]) -> None:
+    code = ("import sys, policy.server, policy.cli; "
+            "assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
+                         env={**os.environ})
+    assert out.returncode == 0, out.stderr
