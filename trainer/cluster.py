@@ -43,6 +43,8 @@ class PoolRuntime:
     cost: float = 0.0
     busy_slot_s: float = 0.0
     capacity_slot_s: float = 0.0
+    #: what the autoscaler last saw (running, queued, workers, booting, up, surplus_since)
+    scale_key: tuple[object, ...] = ()
     _last_t: float = 0.0
     _state: PoolState | None = None
     _state_key: tuple[int, int, int, bool] | None = None

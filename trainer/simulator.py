@@ -598,8 +598,9 @@ class Simulator:
 
     def _autoscale(self) -> None:
         for pool in self._elastic:
-            if pool.booting < 0:
-                raise SimulationError(f"pool {pool.name!r}: negative booting count")
+            key = (pool.running, pool.queued, pool.workers, pool.booting, pool.up, pool.surplus_since)
+            if key == pool.scale_key:
+                continue  # nothing the autoscaler looks at has changed
             started = pool.scale_up(self._now)
             if started:
                 p = self._pool_index[pool.name]
@@ -611,6 +612,8 @@ class Simulator:
                     self._push(self._now + pool.spec.idle_scale_down_s, _SCALE, self._pool_index[pool.name])
             else:
                 pool.surplus_since = None
+            pool.scale_key = (pool.running, pool.queued, pool.workers, pool.booting, pool.up,
+                              pool.surplus_since)
 
     # --- requests and decisions ------------------------------------------------------------------
 

@@ -46,8 +46,11 @@ def _decision(ready: ReadyTask, pool: PoolState, finish: float, why: str) -> Dec
 
 def _items(request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Item]:
     out = []
+    views: dict[str, GraphView] = {}
     for ready in request.ready:
-        g = view(graphs[ready.run_key])
+        g = views.get(ready.run_key)
+        if g is None:
+            g = views[ready.run_key] = view(graphs[ready.run_key])
         i = g.index[ready.task_id]
         out.append((ready, g.graph.tasks[i], g, i))
     return out
@@ -124,19 +127,25 @@ class ListScheduler(_Rule):
         if placement not in PLACEMENTS:
             raise ValueError(f"unknown placement {placement!r}; expected one of {PLACEMENTS}")
         self.order, self.placement, self.margin = order, placement, margin
+        self._live: tuple[ReadyTask, ...] = ()
         self.name = f"{order}+{placement}"
-        self._done_work: dict[str, tuple[int, float]] = {}
+        #: run_key -> (finished count seen, work done, total work); dropped when a run leaves
+        self._work: dict[str, tuple[int, float, float]] = {}
 
     def _remaining_work(self, g: GraphView, prog: RunProgress | None) -> float:
-        if prog is None:
-            return g.total_work_s
         key = g.graph.run_key
-        n, done = self._done_work.get(key, (0, 0.0))
-        if n != len(prog.finished):
+        hit = self._work.get(key)
+        if hit is None:
+            hit = (0, 0.0, g.total_work_s)
+        n, done, total = hit
+        if prog is not None and n != len(prog.finished):
             tasks, index = g.graph.tasks, g.index
             done = sum(tasks[index[t]].duration_s for t in prog.finished)
-            self._done_work[key] = (len(prog.finished), done)
-        return g.total_work_s - done
+            hit = (len(prog.finished), done, total)
+        self._work[key] = hit
+        if len(self._work) > 4 * 4096:  # forget runs that have left the system
+            self._work = {k: v for k, v in self._work.items() if k in {r.run_key for r in self._live}}
+        return total - done
 
     def sort(self, items: list[Item], request: PlacementRequest) -> None:
         order = self.order
@@ -159,10 +168,11 @@ class ListScheduler(_Rule):
                     prog = progress.get(rk)
                     cur = max((g.rank[g.index[t]] for t in prog.running), default=0.0) if prog else 0.0
                 job_key[rk] = max(cur, g.rank[i])
-        items.sort(key=lambda it: (job_key[it[2].graph.run_key], it[2].graph.run_key, -it[2].rank[it[3]]))
+        items.sort(key=lambda it: (job_key[it[0].run_key], it[0].run_key, -it[2].rank[it[3]]))
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
         self.ledger.begin(request)
+        self._live = request.ready
         items = _items(request, graphs)
         self.sort(items, request)
         out: list[Decision] = []
@@ -229,6 +239,7 @@ class CostAware(ListScheduler):
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
         led = self.ledger
         led.begin(request)
+        self._live = request.ready
         items = _items(request, graphs)
         self.sort(items, request)
         out: list[Decision] = []

@@ -1,0 +1,201 @@
+"""``drl-trainer bench``: simulate policies on workloads and report metrics against lower bounds.
+
+Each ``--workflows`` value is one *setting* (a generator name -- ``seed``, ``montecarlo``,
+``mlpipeline``, ``etl`` -- or WfFormat files / folders, comma-separated). For every setting and
+seed the same job stream (Poisson at ``--load``) and the same realised durations are given to every
+policy. Prints a table per setting, marks the per-setting best baseline (``best``) and the best
+fixed baseline (``fixed``: the single policy with the lowest geometric mean of mean JCT over the
+settings), and writes JSON / PNG plots on request::
+
+    drl-trainer bench --workflows seed --pools policy/catalogues/gpu-affinity.yaml \\
+        --policies baselines --load 0.85 --dag-runs 200 --seeds 3 --duration-noise 0.3 \\
+        --json bench.json --plots plots/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from policy.catalogue import Catalogue, load_catalogue
+from trainer.baselines import expand, make_placer
+from trainer.metrics import Bounds, average, summarize
+from trainer.simulator import Job, SimConfig, SimResult, Simulator
+from trainer.workloads import ArrivalSpec, load_templates, make_jobs
+
+log = logging.getLogger(__name__)
+
+DEFAULT_POOLS = Path(__file__).resolve().parent.parent / "policy" / "catalogues" / "gpu-affinity.yaml"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workflows", action="append", default=None,
+                        help="a setting: 'seed', 'montecarlo', 'mlpipeline', 'etl', or WfFormat files/"
+                             "folders (comma list); repeat for several settings (default: seed)")
+    parser.add_argument("--pools", default=str(DEFAULT_POOLS), help="pool catalogue YAML")
+    parser.add_argument("--policies", default="baselines",
+                        help="comma list of policies; 'baselines' expands to every baseline")
+    parser.add_argument("--load", type=float, default=0.85, help="offered work / nominal capacity")
+    parser.add_argument("--arrival", choices=("poisson", "burst"), default="poisson")
+    parser.add_argument("--dag-runs", type=int, default=200, help="DAG runs per simulation")
+    parser.add_argument("--seed", type=int, default=0, help="first seed")
+    parser.add_argument("--seeds", type=int, default=1, help="number of seeds (seed, seed+1, ...)")
+    parser.add_argument("--duration-noise", type=float, default=0.3, help="log-normal sigma of run times")
+    parser.add_argument("--failure-rate", type=float, default=0.0, help="probability a try fails")
+    parser.add_argument("--dispatch-latency", type=float, default=0.0, help="seconds per dispatch")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes")
+    parser.add_argument("--json", dest="json_path", default=None, help="write the results here")
+    parser.add_argument("--markdown", default=None, help="write the tables as Markdown here")
+    parser.add_argument("--plots", default=None, help="write PNG plots into this folder")
+
+
+def _simulate(catalogue: Catalogue, jobs: list[Job], policy: str, seed: int, config: SimConfig,
+              bounds: Bounds, keep: bool) -> tuple[dict[str, Any], SimResult | None]:
+    placer = make_placer(policy, catalogue, seed)
+    result = Simulator(catalogue, jobs, placer, seed=seed, config=config).run()
+    row = summarize(result, bounds)
+    row["policy"] = policy
+    return row, (result if keep else None)
+
+
+def _geomean(values: list[float]) -> float:
+    return float(math.exp(np.mean([math.log(max(v, 1e-12)) for v in values])))
+
+
+def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    catalogue = load_catalogue(args.pools)
+    policies = expand(args.policies)
+    settings = args.workflows or ["seed"]
+    config = SimConfig(duration_noise=args.duration_noise, failure_rate=args.failure_rate,
+                       dispatch_latency_s=args.dispatch_latency)
+    seeds = [args.seed + k for k in range(args.seeds)]
+    work = []
+    for s, spec in enumerate(settings):
+        for seed in seeds:
+            rng = np.random.default_rng([seed, s])
+            templates = load_templates(spec, rng)
+            jobs = make_jobs(templates, catalogue, args.dag_runs, rng,
+                             ArrivalSpec(load=args.load, process=args.arrival))
+            bounds = Bounds(jobs, catalogue)
+            for policy in policies:
+                keep = bool(args.plots) and s == 0 and seed == seeds[0]
+                work.append(((s, seed, policy), (catalogue, jobs, policy, seed, config, bounds, keep)))
+    t0 = time.perf_counter()
+    done: dict[tuple[int, int, str], tuple[dict[str, Any], SimResult | None]] = {}
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs) as pool:
+            futures = {key: pool.submit(_simulate, *a) for key, a in work}
+            for key, fut in futures.items():
+                done[key] = fut.result()
+    else:
+        for key, a in work:
+            done[key] = _simulate(*a)
+    wall = time.perf_counter() - t0
+    results = []
+    for s, spec in enumerate(settings):
+        for policy in policies:
+            row = average([done[(s, seed, policy)][0] for seed in seeds])
+            row["setting"] = spec
+            row["seeds"] = len(seeds)
+            row["events_per_s"] = row["events"] / row["wall_s"] if row["wall_s"] > 0 else 0.0
+            results.append(row)
+    best = {}
+    for spec in settings:
+        rows = [r for r in results if r["setting"] == spec]
+        best[spec] = min(rows, key=lambda r: r["mean_jct_s"])["policy"]
+    geo = {p: _geomean([r["mean_jct_s"] for r in results if r["policy"] == p]) for p in policies}
+    fixed = min(policies, key=lambda p: geo[p])
+    for r in results:
+        r["per_setting_best"] = r["policy"] == best[r["setting"]]
+        r["best_fixed"] = r["policy"] == fixed
+    out = {
+        "config": {
+            "workflows": settings, "pools": str(args.pools), "policies": policies, "load": args.load,
+            "arrival": args.arrival, "dag_runs": args.dag_runs, "seeds": seeds,
+            "duration_noise": args.duration_noise, "failure_rate": args.failure_rate,
+            "dispatch_latency_s": args.dispatch_latency, "wall_s": wall,
+        },
+        "results": results,
+        "references": {
+            "per_setting_best": best,
+            "best_fixed": {"policy": fixed, "geomean_mean_jct_s": geo[fixed]},
+            "geomean_mean_jct_s": geo,
+        },
+    }
+    if args.plots:
+        from trainer import plots
+
+        folder = Path(args.plots)
+        folder.mkdir(parents=True, exist_ok=True)
+        for s, spec in enumerate(settings):
+            rows = sorted([r for r in results if r["setting"] == spec], key=lambda r: r["mean_jct_s"])
+            plots.metric_bars(rows, folder / f"metrics-{s}.png", title=spec)
+        for policy in policies:
+            res = done[(0, seeds[0], policy)][1]
+            if res is not None:
+                plots.gantt(res, folder / f"gantt-{policy.replace('+', '_')}.png")
+    return out
+
+
+COLUMNS = (
+    ("mean_jct_s", "mean JCT s", "{:.0f}"), ("p95_jct_s", "p95 JCT s", "{:.0f}"),
+    ("mean_slowdown", "slowdown", "{:.2f}"), ("mean_jct_over_lb", "JCT/LB", "{:.2f}"),
+    ("mean_jct_over_stream_lb", "JCT/streamLB", "{:.2f}"), ("makespan_s", "makespan s", "{:.0f}"),
+    ("cost", "cost $", "{:.1f}"), ("sla_violation_rate", "SLA viol.", "{:.1%}"),
+    ("mean_utilization", "util.", "{:.1%}"), ("decisions_per_s", "decisions/s", "{:.0f}"),
+    ("events_per_s", "events/s", "{:.0f}"),
+)
+
+
+def tables(out: dict[str, Any], markdown: bool = False) -> str:
+    lines = []
+    for spec in out["config"]["workflows"]:
+        rows = sorted([r for r in out["results"] if r["setting"] == spec], key=lambda r: r["mean_jct_s"])
+        head = ["policy", *[c[1] for c in COLUMNS]]
+        body = []
+        for r in rows:
+            mark = (" **best**" if r["per_setting_best"] else "") + (" *fixed*" if r["best_fixed"] else "")
+            if not markdown:
+                mark = mark.replace("*", "")
+            body.append([r["policy"] + mark, *[fmt.format(r[k]) for k, _, fmt in COLUMNS]])
+        lines.append(f"\nsetting: {spec}")
+        if markdown:
+            lines.append("")
+            lines.append("| " + " | ".join(head) + " |")
+            lines.append("|" + "---|" * len(head))
+            lines.extend("| " + " | ".join(row) + " |" for row in body)
+        else:
+            widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=True)]
+            pairs = list(zip(head, widths, strict=True))
+            lines.append("  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(pairs)))
+            for row in body:
+                lines.append("  ".join(c.rjust(w) if i else c.ljust(w)
+                                       for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+    ref = out["references"]["best_fixed"]
+    lines.append(f"\nbest fixed baseline: {ref['policy']} "
+                 f"(geometric mean of mean JCT {ref['geomean_mean_jct_s']:.0f} s)")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    for name in ("load", "duration_noise"):
+        if getattr(args, name) < 0:
+            raise SystemExit(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if args.dag_runs < 1 or args.seeds < 1 or args.jobs < 1:
+        raise SystemExit("--dag-runs, --seeds and --jobs must be >= 1")
+    out = run_bench(args)
+    print(tables(out))
+    print(f"simulated in {out['config']['wall_s']:.1f} s")
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(out, indent=2))
+    if args.markdown:
+        Path(args.markdown).write_text(tables(out, markdown=True) + "\n")
+    return 0
