@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from policy.errors import CheckpointError
 from policy.placement import Placer
@@ -94,11 +94,16 @@ def resolve_device(spec: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def gnn_loader(path: Path, device: str) -> Placer:
-    """Load the GNN policy (issue 4's ``policy.gnn.GNNPlacer``) from a checkpoint."""
+def gnn_loader(path: Path, device: str, **kwargs: Any) -> Placer:
+    """Load the GNN policy (issue 4's ``policy.gnn.GNNPlacer``) from a checkpoint directory.
+
+    ``kwargs`` go to ``GNNPlacer`` (``temperature``, ``seed``). The placer verifies the
+    checkpoint's manifest (feature schema version and names, weights hash, parameter shapes) and
+    raises :class:`CheckpointError` on any mismatch.
+    """
     # Lazy and dynamic: torch is imported only when a model is loaded.
     gnn = importlib.import_module("policy.gnn")
-    placer: Placer = gnn.GNNPlacer.from_checkpoint(path, device=device)
+    placer: Placer = gnn.GNNPlacer.from_checkpoint(path, device=device, **kwargs)
     return placer
 
 
@@ -142,12 +147,16 @@ class ModelRegistry:
 
         Raises :class:`CheckpointError` when the manifest or the checkpoint is bad.
         """
+        try:
+            st = self.manifest.stat()
+            self._seen = (st.st_mtime_ns, st.st_size)
+        except FileNotFoundError:
+            return None
         spec = self._read_manifest()
         if spec is None:
             return None
-        model = self._load(*spec)
-        self._current = f"{spec[0]}#{spec[1]}"
-        return model
+        self._current = f"{spec[0]}#{spec[1]}"  # accepted or refused: not retried until it changes
+        return self._load(*spec)
 
     def poll(self) -> LoadedModel | None:
         """A newly loaded model to swap in, or None. Cheap: one ``stat`` every ``poll_s``."""
@@ -218,12 +227,13 @@ class ModelRegistry:
                 f"{path}: sha256 {actual[:16]}... does not match the manifest's {sha256[:16]}..."
             )
         t0 = time.perf_counter()
-        placer = self.loader(path, self.device)
+        device = resolve_device(self.device)
+        placer = self.loader(path, device)
         if not isinstance(placer, Placer):
             raise CheckpointError(f"{path}: loader returned {type(placer).__name__}, not a Placer")
         log.info("loaded %s %s from %s on %s in %.0f ms", placer.name, placer.version, path,
-                 self.device, (time.perf_counter() - t0) * 1e3)
-        return LoadedModel(placer, str(path), actual, self.device, time.time())
+                 device, (time.perf_counter() - t0) * 1e3)
+        return LoadedModel(placer, str(path), actual, device, time.time())
 
     def _load_in_background(self, path: Path, sha256: str) -> None:
         try:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -132,7 +133,9 @@ class PolicyServer:
         if placer is None and config.placer != "eft" and config.registry:
             self.registry = ModelRegistry(
                 config.registry,
-                loader=loader or gnn_loader,
+                loader=loader or functools.partial(
+                    gnn_loader, temperature=config.temperature, seed=config.seed
+                ),
                 device=config.device,
                 poll_s=config.registry_poll_s,
                 on_failure=lambda reason: self.metrics.model_load_failures.inc(),

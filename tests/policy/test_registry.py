@@ -1,0 +1,160 @@
+"""The model registry and hot reload: good checkpoints are swapped in between batches, bad ones refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Mapping
+
+import pytest
+import redis
+from server_helpers import ask, chain, request
+
+from policy.errors import CheckpointError
+from policy.placement import EarliestFinishPlacer
+from policy.registry import ModelRegistry, activate, checkpoint_sha256
+from policy.schema import Decision, PlacementRequest, RunGraph
+
+
+class Tagged(EarliestFinishPlacer):
+    """The EFT heuristic under another name and version (a stand-in model)."""
+
+    def __init__(self, version: str) -> None:
+        super().__init__()
+        self.name = "fake"
+        self.version = version
+
+    def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
+        return super().place(request, graphs)
+
+
+def fake_loader(path: Path, device: str) -> Tagged:
+    """Reads ``weights.json`` ({"version": ..., "shape": [..]}); refuses a wrong shape."""
+    doc = json.loads((path / "weights.json").read_text())
+    if doc.get("shape") != [4, 4]:
+        raise CheckpointError(f"{path}: shape {doc.get('shape')} does not match the model's [4, 4]")
+    return Tagged(doc["version"])
+
+
+def fake_checkpoint(root: Path, name: str, version: str, shape: list[int] | None = None) -> Path:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "weights.json").write_text(json.dumps({"version": version, "shape": shape or [4, 4]}))
+    return d
+
+
+def wait_for(cond, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+def test_registry_loads_hashes_and_refuses(tmp_path: Path) -> None:
+    failures: list[str] = []
+    reg = ModelRegistry(tmp_path, loader=fake_loader, poll_s=0.01, on_failure=failures.append)
+    assert reg.load_now() is None  # no manifest yet
+    v1 = fake_checkpoint(tmp_path, "v1", "1")
+    activate(tmp_path, "v1", sha256=checkpoint_sha256(v1))
+    model = reg.load_now()
+    assert model is not None and model.version == "fake:1" and model.device == "cpu"
+    # a hash mismatch is refused
+    fake_checkpoint(tmp_path, "v2", "2")
+    activate(tmp_path, "v2", sha256="0" * 64)
+    time.sleep(0.02)
+    assert reg.poll() is None
+    reg.wait_idle()
+    assert reg.poll() is None and "does not match the manifest" in failures[-1]
+    # a bad manifest is refused
+    (tmp_path / "active.json").write_text("{not json")
+    time.sleep(0.02)
+    assert reg.poll() is None and "not JSON" in failures[-1]
+    # a good one is loaded in the background and handed over once
+    activate(tmp_path, str(fake_checkpoint(tmp_path, "v3", "3")), note="absolute path")
+    time.sleep(0.02)
+    reg.poll()
+    reg.wait_idle()
+    got = reg.poll()
+    assert got is not None and got.version == "fake:3"
+    assert reg.poll() is None
+
+
+def test_bad_checkpoint_is_refused_while_serving_continues(tmp_path: Path, start_server,
+                                                           rclient: redis.Redis) -> None:
+    fake_checkpoint(tmp_path, "v1", "1")
+    activate(tmp_path, "v1")
+    rs = start_server(placer=None, loader=fake_loader, registry=str(tmp_path), registry_poll_s=0.05)
+    server = rs.server
+    g = chain("reload")
+    reply = ask(rclient, request([g], [("reload", "t0")]))
+    assert reply is not None and reply.ok and (reply.policy, reply.policy_version) == ("fake", "1")
+    # push a checkpoint whose shapes do not match: refused, v1 keeps answering
+    fake_checkpoint(tmp_path, "v2", "2", shape=[8, 8])
+    activate(tmp_path, "v2")
+    wait_for(lambda: server.metrics.model_load_failures._value.get() == 1)
+    for i in range(5):
+        reply = ask(rclient, request([g], [("reload", f"t{i}")]))
+        assert reply is not None and reply.ok and reply.policy_version == "1"
+    # a good one is swapped in between batches, without a restart
+    fake_checkpoint(tmp_path, "v3", "3")
+    activate(tmp_path, "v3")
+    wait_for(lambda: server.version == "fake:3")
+    reply = ask(rclient, request([g], [("reload", "t1")]))
+    assert reply is not None and reply.policy_version == "3"
+    assert server.metrics.model_swaps._value.get() == 1
+    assert server.health()["version"] == "fake:3"
+
+
+def test_auto_without_a_loadable_model_serves_the_heuristic(tmp_path: Path, start_server,
+                                                             rclient: redis.Redis) -> None:
+    fake_checkpoint(tmp_path, "broken", "x", shape=[1])
+    activate(tmp_path, "broken")
+    rs = start_server(placer=None, loader=fake_loader, registry=str(tmp_path), registry_poll_s=0.05)
+    reply = ask(rclient, request([chain("a")], [("a", "t0")]))
+    assert reply is not None and reply.ok and reply.policy == "eft"
+    assert rs.server.metrics.model_load_failures._value.get() == 1
+
+
+def test_gnn_placer_requires_a_model(tmp_path: Path, redis_url: str) -> None:
+    from policy.config import ServerConfig
+    from policy.server import PolicyServer
+
+    with pytest.raises(CheckpointError, match="no active checkpoint"):
+        PolicyServer(ServerConfig(redis_url=redis_url, placer="gnn", registry=str(tmp_path)))
+
+
+def test_real_gnn_checkpoint_is_served_and_a_tampered_one_refused(tmp_path: Path, start_server,
+                                                                  rclient: redis.Redis) -> None:
+    from policy.checkpoint import save_checkpoint
+    from policy.model import ModelConfig, PlacementGNN
+
+    save_checkpoint(PlacementGNN(ModelConfig(hidden=8, layers=1)), tmp_path / "small", name="tiny")
+    activate(tmp_path, "small")
+    rs = start_server(placer=None, registry=str(tmp_path), registry_poll_s=0.05, device="auto")
+    server = rs.server
+    assert server.placer.name == "drl" and server.device == "cpu"
+    g = chain("gnn", 12)
+    reply = ask(rclient, request([g], [("gnn", "t0"), ("gnn", "t3")]))
+    assert reply is not None and reply.ok and reply.policy == "drl" and len(reply.decisions) == 2
+    before = server.version
+    # tamper: same manifest, different weights bytes
+    shutil.copytree(tmp_path / "small", tmp_path / "tampered")
+    weights = tmp_path / "tampered" / "model.safetensors"
+    blob = bytearray(weights.read_bytes())
+    blob[-1] ^= 0xFF
+    weights.write_bytes(bytes(blob))
+    activate(tmp_path, "tampered")
+    wait_for(lambda: server.metrics.model_load_failures._value.get() == 1)
+    reply = ask(rclient, request([g], [("gnn", "t1")]))
+    assert reply is not None and reply.ok and server.version == before
+    # shapes that do not match the manifest's model config
+    save_checkpoint(PlacementGNN(ModelConfig(hidden=16, layers=1)), tmp_path / "other", name="other")
+    manifest = json.loads((tmp_path / "other" / "manifest.json").read_text())
+    manifest["model"]["hidden"] = 8
+    (tmp_path / "other" / "manifest.json").write_text(json.dumps(manifest))
+    activate(tmp_path, "other")
+    wait_for(lambda: server.metrics.model_load_failures._value.get() == 2)
+    reply = ask(rclient, request([g], [("gnn", "t2")]))
+    assert reply is not None and reply.ok and server.version == before

@@ -1,0 +1,77 @@
+"""Metrics and health over HTTP, and the server's configuration."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+import redis
+from server_helpers import ask, chain, request
+
+from policy.config import ConfigError, ServerConfig
+from policy.metrics import MetricsServer
+
+pytestmark = pytest.mark.integration
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_metrics_and_health_endpoints(start_server, rclient: redis.Redis) -> None:
+    rs = start_server()
+    http = MetricsServer(rs.server.metrics, rs.server.health, "127.0.0.1", 0).start()
+    try:
+        for i in range(3):
+            assert ask(rclient, request([chain("m")], [("m", f"t{i}")])).ok  # type: ignore[union-attr]
+        code, body = _get(f"http://127.0.0.1:{http.port}/health")
+        doc = json.loads(body)
+        assert code == 200 and doc["version"] == "eft:heuristic-1" and doc["device"] == "cpu"
+        code, body = _get(f"http://127.0.0.1:{http.port}/metrics")
+        text = body.decode()
+        assert code == 200
+        assert 'drl_policy_requests_total{outcome="ok"} 3.0' in text
+        assert "drl_policy_request_seconds_bucket" in text and "drl_policy_batch_requests_count" in text
+        assert 'policy_version="eft:heuristic-1"' in text
+        assert 'drl_policy_model_info{device="cpu",version="eft:heuristic-1"} 1.0' in text
+        assert _get(f"http://127.0.0.1:{http.port}/nope")[0] == 404
+        rs.server.connected = False
+        assert _get(f"http://127.0.0.1:{http.port}/health")[0] == 503
+    finally:
+        http.stop()
+
+
+def test_config_from_env_and_cli() -> None:
+    env = {"DRL_POLICY_BATCH_MAX": "8", "DRL_POLICY_PREFIX": "envp", "DRL_POLICY_TEMPERATURE": "0.3"}
+    cfg = ServerConfig.from_sources({"prefix": "clip", "batch_max": None}, env)
+    assert (cfg.batch_max, cfg.prefix, cfg.temperature) == (8, "clip", 0.3)
+    with pytest.raises(ConfigError, match="DRL_POLICY_BATCH_MAX"):
+        ServerConfig.from_sources({}, {"DRL_POLICY_BATCH_MAX": "many"})
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"redis_url": "http://x"}, "scheme"),
+        ({"batch_max": 0}, "batch_max"),
+        ({"placer": "magic"}, "placer"),
+        ({"placer": "gnn"}, "registry"),
+        ({"device": "tpu"}, "device"),
+        ({"reconnect_base_s": 2.0, "reconnect_max_s": 1.0}, "reconnect_max_s"),
+        ({"skew_threshold": 1.5}, "skew_threshold"),
+    ],
+)
+def test_config_is_validated(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        ServerConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_password_is_masked_in_logs() -> None:
+    cfg = ServerConfig(redis_url="rediss://svc:s3cret@redis.example:6380/0")
+    assert "s3cret" not in cfg.safe_redis_url and cfg.safe_redis_url.startswith("rediss://svc:***@")
