@@ -75,6 +75,7 @@ READY_FEATURES: tuple[str, ...] = (
     "run_work_left_frac",  # expected work not yet finished / total work
     "log_run_age",  # log1p(age_s) / 8
     "run_age_over_cp",  # age / critical path (clipped at 10): how late the run already is
+    "log_run_work_left",  # log1p(expected work not yet finished, seconds) / 8: SRPT's key
     "log_ready_in_run",  # ready tasks of this run in this request
     "log_ready_total",  # ready tasks in the whole request
     "retry",  # try_number > 1
@@ -270,36 +271,44 @@ def pair_static(tasks: Sequence[TaskNode], pools: Sequence[PoolState]) -> PairSt
     )
 
 
-def pair_row(ps: PairStatic, i: int, placed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``([P, F_PAIR] features, [P] mask)`` of row ``i`` given ``placed[j]`` tasks already sent to
-    pool ``j`` in this batch.
+def pair_rows(ps: PairStatic, rows: np.ndarray, placed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``([r, P, F_PAIR] features, [r, P] mask)`` of ``rows`` given ``placed[j]`` tasks already
+    sent to pool ``j`` in this batch.
 
     The wait estimate is :class:`~policy.placement.EarliestFinishPlacer`'s: zero while the pool
     has a free slot, else the backlog beyond the slots per slot times this task's run time; a
     pool scaled to zero workers must boot one, charged as one extra run time.
     """
-    run_s = ps.run_s[i]
-    slots = ps.slots
-    backlog = ps.base_backlog + placed
+    run_s = ps.run_s[rows]  # [r, P]
+    slots = ps.slots[None, :]
+    backlog = (ps.base_backlog + placed)[None, :]
     wait_s = np.where(backlog < slots, 0.0, (backlog - slots + 1) / np.maximum(slots, 1.0) * run_s)
     wait_s = np.where(slots == 0, wait_s + run_s, wait_s)
     finish = wait_s + run_s
-    best_finish = max(float(np.where(ps.ref[i], finish, np.inf).min()), 1e-6)
-    x = np.empty((len(slots), F_PAIR), dtype=np.float32)
-    x[:, 0] = np.log(np.maximum(ps.speed[i], 1e-3))
-    x[:, 1] = np.log(ps.affinity[i])
-    x[:, 2] = np.log1p(run_s) / _LOG
-    x[:, 3] = np.log1p(wait_s) / _LOG
-    x[:, 4] = np.log1p(finish) / _LOG
-    x[:, 5] = np.minimum(np.log(np.maximum(finish, 1e-6) / best_finish), 3.0)
-    x[:, 6] = np.minimum(np.log(np.maximum(run_s, 1e-6) / ps.best_run[i]), 3.0)
-    x[:, 7] = np.log1p(ps.cost[i] * 100.0) / 4
-    x[:, 8] = np.minimum(np.log((ps.cost[i] + 1e-4) / (ps.best_cost[i] + 1e-4)), 3.0)
-    x[:, 9] = backlog < slots
-    x[:, 10] = np.minimum(backlog / np.maximum(slots, 1.0), 10.0)
-    x[:, 11] = ps.pinned[i]
-    x[:, 12] = ps.mask[i]
-    return x, ps.mask[i]
+    ref = ps.ref[rows]
+    best_finish = np.maximum(np.where(ref, finish, np.inf).min(axis=1, keepdims=True), 1e-6)
+    cost = ps.cost[rows]
+    x = np.empty((*run_s.shape, F_PAIR), dtype=np.float32)
+    x[..., 0] = np.log(np.maximum(ps.speed[rows], 1e-3))
+    x[..., 1] = np.log(ps.affinity[rows])
+    x[..., 2] = np.log1p(run_s) / _LOG
+    x[..., 3] = np.log1p(wait_s) / _LOG
+    x[..., 4] = np.log1p(finish) / _LOG
+    x[..., 5] = np.minimum(np.log(np.maximum(finish, 1e-6) / best_finish), 3.0)
+    x[..., 6] = np.minimum(np.log(np.maximum(run_s, 1e-6) / ps.best_run[rows, None]), 3.0)
+    x[..., 7] = np.log1p(cost * 100.0) / 4
+    x[..., 8] = np.minimum(np.log((cost + 1e-4) / (ps.best_cost[rows, None] + 1e-4)), 3.0)
+    x[..., 9] = np.broadcast_to(backlog < slots, run_s.shape)
+    x[..., 10] = np.broadcast_to(np.minimum(backlog / np.maximum(slots, 1.0), 10.0), run_s.shape)
+    x[..., 11] = ps.pinned[rows]
+    x[..., 12] = ps.mask[rows]
+    return x, ps.mask[rows]
+
+
+def pair_row(ps: PairStatic, i: int, placed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``([P, F_PAIR], [P])``: :func:`pair_rows` for the single row ``i``."""
+    x, m = pair_rows(ps, np.array([i]), placed)
+    return x[0], m[0]
 
 
 def pair_features(
@@ -389,7 +398,7 @@ def featurize(
         tasks.append(graph.tasks[j])
 
     ready_per_run = np.bincount(ready_run, minlength=len(runs)) if len(request.ready) else np.zeros(0)
-    run_dyn = np.zeros((len(runs), 5), dtype=np.float32)
+    run_dyn = np.zeros((len(runs), 6), dtype=np.float32)
     for u, rf in enumerate(runs):
         g = rf.view
         n = max(len(g.graph.tasks), 1)
@@ -404,13 +413,14 @@ def featurize(
             1.0 - done_work / work,
             math.log1p(prog.age_s) / _LOG,
             min(prog.age_s / cp, 10.0),
+            math.log1p(max(work - done_work, 0.0)) / _LOG,
         )
     ready_x = np.zeros((len(request.ready), F_READY), dtype=np.float32)
     if len(request.ready):
-        ready_x[:, :5] = run_dyn[ready_run]
-        ready_x[:, 5] = np.log1p(ready_per_run[ready_run])
-        ready_x[:, 6] = math.log1p(len(request.ready))
-        ready_x[:, 7] = [r.try_number > 1 for r in request.ready]
+        ready_x[:, :6] = run_dyn[ready_run]
+        ready_x[:, 6] = np.log1p(ready_per_run[ready_run])
+        ready_x[:, 7] = math.log1p(len(request.ready))
+        ready_x[:, 8] = [r.try_number > 1 for r in request.ready]
 
     order = decode_order(request, graphs)
     pools = request.pools

@@ -4,17 +4,21 @@ Stable API (the policy server and the lab load the model only through this)::
 
     from policy.gnn import GNNPlacer
     placer = GNNPlacer.from_checkpoint("policy/checkpoints/default", device="cpu")
-    decisions = placer.place(request, graphs)      # one Decision per ready task, with a reason
+    decisions = placer.place(request, graphs)      # Decisions in dispatch order, with reasons
     placer.name, placer.version                    # "drl", "gnn-<sha256 prefix of the weights>"
 
 How a batch is decided
     The task embeddings of each run are computed once per ``(run_key, digest)`` and cached (they
     depend only on the graph, see :mod:`policy.model`); the pools are encoded once per request.
-    Ready tasks are then decoded one at a time, longest remaining critical path first
-    (:func:`policy.features.decode_order`): each row's pair features count the tasks already
-    sent to each pool in this batch, so two tasks do not both take the one free GPU slot. The
-    choice is the argmax of the masked logits (``temperature=0``, production) or a sample at
-    ``temperature`` (training, exploration). Infeasible pools are masked, never learned.
+    The batch is then decoded in steps (:mod:`policy.model`, point 5): each step scores every
+    (unplaced ready task, feasible pool) pair and "stop"; the chosen task is sent and the pair
+    features of the others are recomputed with its backlog (two tasks do not both take the one
+    free GPU slot). The choice is the argmax (``temperature=0``, production) or a sample at
+    ``temperature`` (training). Infeasible pools are masked, never learned. On "stop" the
+    remaining tasks get no decision and stay ready (late binding; the simulator offers them
+    again at the next decision point). ``allow_wait=False`` forbids stop: every task is placed.
+    Stop is also refused while nothing runs or is queued anywhere and nothing was placed yet,
+    so a batch always makes progress.
 
 The reason string
     :func:`attribute` is the attribution machinery shared with ``drl-trainer explain``:
@@ -44,9 +48,9 @@ from policy.features import (
     TASK_FEATURES,
     FeatureBatch,
     featurize,
-    pair_row,
+    pair_rows,
 )
-from policy.model import NEG_INF, PlacementGNN
+from policy.model import NEG_INF, PlacementGNN, Step
 from policy.schema import Decision, PlacementRequest, RunGraph
 
 log = logging.getLogger(__name__)
@@ -56,19 +60,28 @@ _EMBED_CACHE_SIZE = 512
 
 @dataclass
 class Decoded:
-    """One decoded batch: the features as decided (teacher-forced on the choices), the choices.
+    """One decoded batch.
 
-    ``actions[r]`` is a pool index, or ``num_pools`` for "wait" (only with a wait-choice model and
-    ``allow_wait``); ``logp[r]`` its log-probability under the decoding temperature (1.0 when
-    greedy it is still the model's log-probability at temperature 1).
+    ``actions[r]`` is the pool index of ready row ``r``, or -1 when it was held (stop chosen
+    before it); ``steps`` the decoding steps (what :func:`policy.model.collate_steps` needs to
+    score them again in training); ``logp`` the summed log-probability of the steps at
+    temperature 1; ``probs[r]`` the softmax over row ``r``'s pools at the step it was decided
+    (or held); ``pair_contrib[r]`` gradient x input of each of row ``r``'s pool logits w.r.t. its
+    own pair features at that step. ``batch.pair_x[r]`` holds the pair features of row ``r`` at
+    that step.
     """
 
     batch: FeatureBatch
     actions: np.ndarray
-    logp: np.ndarray
-    probs: np.ndarray  # [R, P(+1)] probabilities at temperature 1
-    #: gradient x input of each pair logit w.r.t. its own pair features, ``[R, P, F_PAIR]``
+    steps: list[Step]
+    logp: float
+    probs: np.ndarray
     pair_contrib: np.ndarray
+
+    @property
+    def placed_order(self) -> list[int]:
+        """Rows in the order they were sent (the dispatch order)."""
+        return [st.action[0] for st in self.steps if st.action is not None]
 
 
 class GNNPlacer:
@@ -85,7 +98,7 @@ class GNNPlacer:
         device: str = "cpu",
         temperature: float = 0.0,
         seed: int = 0,
-        allow_wait: bool = False,
+        allow_wait: bool = True,
         explain: bool = True,
     ) -> None:
         if temperature < 0 or not math.isfinite(temperature):
@@ -95,10 +108,11 @@ class GNNPlacer:
         self.manifest = dict(manifest or {})
         self.device = torch.device(device)
         self.temperature = temperature
-        self.allow_wait = allow_wait and model.config.wait_choice
+        self.allow_wait = allow_wait
         self.explain = explain
         self.rng = np.random.default_rng(seed)
         self._embed: OrderedDict[tuple[str, str], tuple[Tensor, Tensor]] = OrderedDict()
+        self._weights = self.model.numpy_weights()
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "cpu", **kwargs: Any) -> GNNPlacer:
@@ -110,8 +124,9 @@ class GNNPlacer:
         return cls(ckpt.model, version=ckpt.version, manifest=ckpt.manifest, device=device, **kwargs)
 
     def clear_cache(self) -> None:
-        """Forget cached run embeddings (call after changing the model's weights)."""
+        """Forget cached run embeddings and weights (call after changing the model's weights)."""
         self._embed.clear()
+        self._weights = self.model.numpy_weights()
 
     # --- decoding ------------------------------------------------------------------------------
 
@@ -148,73 +163,74 @@ class GNNPlacer:
     def decode(
         self, request: PlacementRequest, graphs: Mapping[str, RunGraph], *, temperature: float | None = None
     ) -> Decoded:
-        """Decide every ready task of ``request`` (see the module docstring)."""
+        """Decide the ready tasks of ``request`` step by step (see the module docstring)."""
         temp = self.temperature if temperature is None else temperature
         fb = featurize(request, graphs, pairs=False)
         num_pools = fb.num_pools
-        wait = self.model.config.wait_choice
-        width = num_pools + int(wait)
-        actions = np.zeros(fb.num_ready, dtype=np.int64)
-        logp = np.zeros(fb.num_ready, dtype=np.float64)
-        probs = np.zeros((fb.num_ready, width), dtype=np.float64)
-        contrib = np.zeros((fb.num_ready, num_pools, len(PAIR_FEATURES)), dtype=np.float32)
-        if fb.num_ready == 0:
-            return Decoded(fb, actions, logp, probs, contrib)
+        n = fb.num_ready
+        actions = np.full(n, -1, dtype=np.int64)
+        probs = np.zeros((n, num_pools), dtype=np.float64)
+        contrib = np.zeros((n, num_pools, len(PAIR_FEATURES)), dtype=np.float32)
+        steps: list[Step] = []
+        if n == 0:
+            return Decoded(fb, actions, steps, 0.0, probs, contrib)
         model = self.model
         h_ready, s_ready = self._run_embeddings(fb)
         ready_x = torch.from_numpy(fb.ready_x).to(self.device)
         q, g = model.encode_pools(torch.from_numpy(fb.pool_x).to(self.device).unsqueeze(0))
-        b = model.pool_part(q, g)  # [1, P, H]
-        a = model.task_part(h_ready, s_ready, ready_x)  # [R, H]
-        w_logits = (
-            model.wait_logits(h_ready, s_ready, ready_x, g.expand(fb.num_ready, -1)).cpu().numpy()
-            if wait
-            else None
-        )
-        # The per-row head in numpy: the same maths as PlacementGNN.pair_logits (tested equal).
-        a_np = a.cpu().numpy()
-        b_np = b[0].cpu().numpy()
-        c_t, w_out, b_out = model.head_arrays()
+        b_np = model.pool_part(q, g)[0].cpu().numpy()  # [P, H]
+        a_np = model.task_part(h_ready, s_ready, ready_x).cpu().numpy()  # [R, H]
+        g_np = g[0].cpu().numpy()
+        wt = self._weights
+        busy_anywhere = any(p.busy + p.queued > 0 for p in fb.pools)
+        rows = fb.order.copy()
         placed = np.zeros(num_pools, dtype=np.float64)
-        for i in fb.order:
-            x, m = pair_row(fb.pairs, int(i), placed)
-            fb.pair_x[i], fb.mask[i] = x, m
-            z = np.maximum(a_np[i] + b_np + x @ c_t, 0.0)
-            row = (z @ w_out + b_out).astype(np.float64)
-            # d logit[p] / d x[p] = C^T (w * 1[z[p] > 0]): exact, and nearly free here.
-            contrib[i] = ((z > 0) * w_out) @ c_t.T * x
-            if m.any():
-                row[~m] = NEG_INF
-            if w_logits is not None:
-                row = np.append(row, w_logits[i] if self.allow_wait or temp > 0 else NEG_INF)
-            lp = row - _logsumexp(row)
-            probs[i] = np.exp(lp)
+        total_logp = 0.0
+        while len(rows):
+            x, m = pair_rows(fb.pairs, rows, placed)  # [r, P, F]
+            keep = m | ~m.any(axis=1, keepdims=True)
+            z = np.maximum(a_np[rows][:, None, :] + b_np[None] + x @ wt["c_t"], 0.0)  # [r, P, H]
+            logits = (z @ wt["w"] + wt["b"]).astype(np.float64)
+            logits[~keep] = NEG_INF
+            stop_ok = self.allow_wait and (busy_anywhere or placed.sum() > 0)
+            hidden = np.maximum(np.concatenate([a_np[rows].mean(axis=0), g_np]) @ wt["s0_w"] + wt["s0_b"], 0.0)
+            stop = float(hidden @ wt["s2_w"] + wt["s2_b"][0]) if stop_ok else NEG_INF
+            flat = np.append(logits.ravel(), stop)
+            lp = flat - _logsumexp(flat)
             if temp > 0:
-                z = row / temp
-                p = np.exp(z - _logsumexp(z))
-                choice = int(self.rng.choice(width, p=p / p.sum()))
+                zt = flat / temp
+                p = np.exp(zt - _logsumexp(zt))
+                choice = int(self.rng.choice(len(flat), p=p / p.sum()))
             else:
-                choice = int(np.argmax(row))
-            actions[i] = choice
-            logp[i] = lp[choice]
-            if choice < num_pools:
-                placed[choice] += 1
-        return Decoded(fb, actions, logp, probs, contrib)
+                choice = int(np.argmax(flat))
+            total_logp += float(lp[choice])
+            if choice == len(flat) - 1:  # stop: hold every remaining row
+                steps.append(Step(placed.copy(), rows.copy(), None, stop_ok))
+                for k, r in enumerate(rows):
+                    probs[r] = _softmax(logits[k])
+                    fb.pair_x[r], fb.mask[r] = x[k], m[k]
+                break
+            k, pool = divmod(choice, num_pools)
+            r = int(rows[k])
+            steps.append(Step(placed.copy(), rows.copy(), (r, pool), stop_ok))
+            actions[r] = pool
+            probs[r] = _softmax(logits[k])
+            # d logit[p] / d x[p] = C^T (w * 1[z[p] > 0]): exact, and nearly free here.
+            contrib[r] = ((z[k] > 0) * wt["w"]) @ wt["c_t"].T * x[k]
+            fb.pair_x[r], fb.mask[r] = x[k], m[k]
+            placed[pool] += 1
+            rows = np.delete(rows, k)
+        return Decoded(fb, actions, steps, total_logp, probs, contrib)
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
-        """One :class:`Decision` per ready task (fewer only when "wait" is allowed and chosen)."""
+        """Decisions in dispatch order; tasks the policy holds (stop) get none and stay ready."""
         dec = self.decode(request, graphs)
         fb = dec.batch
-        reasons = (
-            explain_rows(dec) if self.explain and fb.num_ready else [""] * fb.num_ready
-        )
         out: list[Decision] = []
-        for i in fb.order:
+        for i in dec.placed_order:
             choice = int(dec.actions[i])
-            if choice >= fb.num_pools:
-                continue  # wait: the task stays ready and is offered again
             pool = fb.pools[choice]
-            reason = reasons[i]
+            reason = explain_row(dec, i) if self.explain else ""
             if not fb.mask[i].any():
                 t = fb.tasks[i]
                 reason += f"; no pool fits cpus={t.cpus:g} mem={t.memory_gb:g}GB gpus={t.gpus:g}"
@@ -230,6 +246,11 @@ class GNNPlacer:
                 )
             )
         return out
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - np.max(x))
+    return e / e.sum()
 
 
 def _logsumexp(x: np.ndarray) -> float:
@@ -278,7 +299,7 @@ def attribute(model: PlacementGNN, dec: Decoded, row: int, device: torch.device 
         a = model.task_part(h[bt.ready_node], summary[bt.ready_run], bt.ready_x)
         b = model.pool_part(q, g)[bt.ready_sample]
         logits = model.pair_logits(a, b, pair_x, bt.mask)[row]
-        chosen = int(min(dec.actions[row], fb.num_pools - 1))
+        chosen = int(dec.actions[row]) if dec.actions[row] >= 0 else int(np.argmax(dec.probs[row]))
         order = torch.argsort(logits, descending=True).tolist()
         runner = next((j for j in order if j != chosen), None)
         margin = logits[chosen] - (logits[runner] if runner is not None else 0.0)
@@ -359,18 +380,17 @@ def describe(fb: FeatureBatch, probs: np.ndarray, row: int, chosen: int, runner:
     return text
 
 
-def explain_rows(dec: Decoded) -> list[str]:
-    """A reason string for every row of a decoded batch, from the pair attributions that
+def explain_row(dec: Decoded, i: int) -> str:
+    """The reason string of row ``i`` of a decoded batch, from the pair attributions that
     :meth:`GNNPlacer.decode` computed (chosen pool minus the runner-up)."""
     fb = dec.batch
-    out = []
-    for i in range(fb.num_ready):
-        chosen = int(min(dec.actions[i], fb.num_pools - 1))
-        ranked = np.argsort(-dec.probs[i, : fb.num_pools], kind="stable")
-        ru = next((int(j) for j in ranked if j != chosen), None)
-        diff = dec.pair_contrib[i, chosen] - (dec.pair_contrib[i, ru] if ru is not None else 0.0)
-        text = describe(fb, dec.probs, i, chosen, ru, dict(zip(PAIR_FEATURES, diff.tolist(), strict=False)))
-        if dec.actions[i] >= fb.num_pools:
-            text = "wait for a better pool; best now " + text
-        out.append(text)
-    return out
+    chosen = int(dec.actions[i])
+    if chosen < 0:
+        chosen = int(np.argmax(dec.probs[i]))
+        prefix = "held for a better moment; best now "
+    else:
+        prefix = ""
+    ranked = np.argsort(-dec.probs[i], kind="stable")
+    ru = next((int(j) for j in ranked if j != chosen), None)
+    diff = dec.pair_contrib[i, chosen] - (dec.pair_contrib[i, ru] if ru is not None else 0.0)
+    return prefix + describe(fb, dec.probs, i, chosen, ru, dict(zip(PAIR_FEATURES, diff.tolist(), strict=True)))

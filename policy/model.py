@@ -10,12 +10,19 @@ Grinsztajn et al. 2021):
    (:meth:`PlacementGNN.encode_graph`); this is what keeps 1,000+-task runs cheap.
    A run summary is the mean of its task embeddings.
 2. **Pool encoder**: an MLP per pool; the cluster summary ``g`` is the mean over pools.
-3. **Pair head**: ``logit[r, p] = w . relu(A [h_r, s_run(r), ready_r] + B [q_p, g] + C pair_rp) + b``
-   (the first layer of an MLP over the concatenation, split so the ``[R, P]`` broadcast is cheap),
-   masked to ``-inf`` where the pool is down or the task does not fit (hard constraints come
-   after the policy, never learned). With ``wait_choice`` an extra last column scores "hold the
-   task for a better pool" from ``[h_r, s_run(r), ready_r, g]``.
-4. **Value head** (for PPO/A2C): per request, ``v = MLP([mean_r a_r, g])``.
+3. **Pair head**: ``logit[r, p] = w . relu(a_r + b_p + C pair_rp) + b`` with
+   ``a_r = A [h_r, s_run(r), ready_r]`` and ``b_p = B [q_p, g]`` (the first layer of an MLP over
+   the concatenation, split so the ``[R, P]`` broadcast is cheap), masked to ``-inf`` where the
+   pool is down or the task does not fit (hard constraints come after the policy, never learned).
+4. **Stop head**: ``stop = MLP([mean of a_r over the rows still unplaced, g])``: "hold the
+   remaining ready tasks for a better moment" (late binding: they are offered again at the next
+   decision point, as the list-scheduling baselines do when they wait for a busy faster pool).
+5. **Decoding** (Decima's one-node-at-a-time, over pairs): a batch is decided in steps; each
+   step is a softmax over every (unplaced row, feasible pool) pair *and* stop; the chosen task is
+   sent, the pair features of the others are recomputed with its backlog, until stop or none
+   is left. So the model learns both *which task goes first* (the order across runs, e.g. SRPT)
+   and *where* it goes. :meth:`PlacementGNN.step_forward` scores recorded steps in one batch.
+6. **Value head** (for PPO/A2C): per request, ``v = MLP([mean_r a_r, g])``.
 
 Shapes (``N`` task nodes, ``E`` edges, ``U`` runs, ``R`` ready rows, ``S`` requests in a
 collated batch, ``P`` pools, ``H`` hidden)::
@@ -30,7 +37,8 @@ collated batch, ``P`` pools, ``H`` hidden)::
     BatchTensors.pool_x       [S, P, F_POOL]
     BatchTensors.pair_x       [R, P, F_PAIR]
     BatchTensors.mask         [R, P]       bool
-    PlacementGNN(...) ->  logits [R, P (+1 with wait_choice)], value [S]
+    PlacementGNN(...) ->  logits [R, P], value [S]      (first step, no stop column)
+    PlacementGNN.step_forward(StepTensors) -> log p(chosen) [K], entropy [K], value [S]
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ from torch_geometric.nn import SAGEConv
 from torch_geometric.utils import scatter
 
 from policy.errors import CheckpointError
-from policy.features import F_PAIR, F_POOL, F_READY, F_TASK, FeatureBatch
+from policy.features import F_PAIR, F_POOL, F_READY, F_TASK, FeatureBatch, pair_rows
 
 NEG_INF = -1e9
 
@@ -58,8 +66,6 @@ class ModelConfig:
     hidden: int = 32
     #: rounds of child -> parent message passing
     layers: int = 3
-    #: add a "wait for a better pool" column to the logits
-    wait_choice: bool = False
 
     def __post_init__(self) -> None:
         if self.hidden < 1 or self.layers < 0:
@@ -70,12 +76,10 @@ class ModelConfig:
 
     @classmethod
     def from_json(cls, obj: Any) -> ModelConfig:
-        if not isinstance(obj, dict) or set(obj) - {"hidden", "layers", "wait_choice"}:
-            raise CheckpointError(f"model config: unexpected {obj!r}")
+        if not isinstance(obj, dict) or set(obj) != {"hidden", "layers"}:
+            raise CheckpointError(f"model config: expected {{hidden, layers}}, got {obj!r}")
         try:
-            return cls(
-                hidden=int(obj["hidden"]), layers=int(obj["layers"]), wait_choice=bool(obj["wait_choice"])
-            )
+            return cls(hidden=int(obj["hidden"]), layers=int(obj["layers"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"model config: {obj!r}: {exc}") from exc
 
@@ -153,6 +157,96 @@ def collate(batches: Sequence[FeatureBatch], device: str | torch.device = "cpu")
     )
 
 
+@dataclass(frozen=True)
+class Step:
+    """One decoding step of a request: the tasks already sent per pool in this batch
+    (``placed [P]``), the rows still unplaced (``rows``) and the choice made: ``(row, pool)``, or
+    ``None`` for "stop"."""
+
+    placed: np.ndarray
+    rows: np.ndarray
+    action: tuple[int, int] | None
+    stop_ok: bool = True
+
+
+@dataclass
+class StepTensors:
+    """Decoding steps of collated requests (``K`` steps, ``M`` (row, pool) entries, ``Q``
+    (step, remaining row) pairs)::
+
+        step_sample [K]  request of each step     entry_step [M], entry_row [M], entry_pool [M]
+        target      [K]  entry index, -1 = stop   entry_x    [M, F_PAIR]
+        stop_ok     [K]  bool                     rem_step [Q], rem_row [Q]
+    """
+
+    bt: BatchTensors
+    step_sample: Tensor
+    target: Tensor
+    stop_ok: Tensor
+    entry_step: Tensor
+    entry_row: Tensor
+    entry_pool: Tensor
+    entry_x: Tensor
+    rem_step: Tensor
+    rem_row: Tensor
+
+
+def step_entries(fb: FeatureBatch, step: Step) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(rows [m], pools [m], x [m, F_PAIR])``: the (remaining row, pool) choices of one step,
+    row-major; a row with no feasible pool keeps every pool (it must still go somewhere)."""
+    x, mask = pair_rows(fb.pairs, step.rows, step.placed)
+    mask = mask | ~mask.any(axis=1, keepdims=True)
+    r_idx, p_idx = np.nonzero(mask)
+    return step.rows[r_idx], p_idx, x[r_idx, p_idx]
+
+
+def collate_steps(samples: Sequence[tuple[FeatureBatch, Sequence[Step]]],
+                  device: str | torch.device = "cpu") -> StepTensors:
+    """Stack requests and their decoding steps for :meth:`PlacementGNN.step_forward`."""
+    bt = collate([fb for fb, _ in samples], device)
+    ss, tg, ok, es, er, ep, ex, rs, rr = [], [], [], [], [], [], [], [], []
+    row_off = 0
+    k = 0
+    m = 0
+    for s, (fb, steps) in enumerate(samples):
+        for step in steps:
+            rows, pools, x = step_entries(fb, step)
+            target = -1
+            if step.action is not None:
+                hit = np.nonzero((rows == step.action[0]) & (pools == step.action[1]))[0]
+                if len(hit) != 1:
+                    raise ValueError(f"step action {step.action} is not a choice of its step")
+                target = m + int(hit[0])
+            ss.append(s)
+            tg.append(target)
+            ok.append(step.stop_ok)
+            es.append(np.full(len(rows), k, dtype=np.int64))
+            er.append(rows + row_off)
+            ep.append(pools)
+            ex.append(x)
+            rs.append(np.full(len(step.rows), k, dtype=np.int64))
+            rr.append(step.rows + row_off)
+            k += 1
+            m += len(rows)
+        row_off += fb.num_ready
+
+    def t(a: list[np.ndarray], dtype: torch.dtype) -> Tensor:
+        return torch.from_numpy(np.concatenate(a)).to(device=device, dtype=dtype)
+
+    return StepTensors(
+        bt=bt,
+        step_sample=torch.tensor(ss, dtype=torch.long, device=device),
+        target=torch.tensor(tg, dtype=torch.long, device=device),
+        stop_ok=torch.tensor(ok, dtype=torch.bool, device=device),
+        entry_step=t(es, torch.long),
+        entry_row=t(er, torch.long),
+        entry_pool=t(ep, torch.long),
+        entry_x=t(ex, torch.float32),
+        rem_step=t(rs, torch.long),
+        rem_row=t(rr, torch.long),
+    )
+
+
 class PlacementGNN(nn.Module):
     """Scores (ready task, pool) pairs; see the module docstring for the maths and shapes."""
 
@@ -168,8 +262,7 @@ class PlacementGNN(nn.Module):
         self.head_pool = nn.Linear(2 * h, h, bias=False)
         self.head_pair = nn.Linear(F_PAIR, h, bias=False)
         self.head_out = nn.Linear(h, 1)
-        self.wait_in = nn.Linear(4 * h, h) if self.config.wait_choice else None
-        self.wait_out = nn.Linear(h, 1) if self.config.wait_choice else None
+        self.stop = nn.Sequential(nn.Linear(2 * h, h), nn.ReLU(), nn.Linear(h, 1))
         self.value = nn.Sequential(nn.Linear(2 * h, h), nn.ReLU(), nn.Linear(h, 1))
 
     # --- parts, usable separately so a placer can cache per-run embeddings ------------------
@@ -217,17 +310,65 @@ class PlacementGNN(nn.Module):
             float(self.head_out.bias.detach().cpu()[0]),
         )
 
-    def wait_logits(self, h_ready: Tensor, s_ready: Tensor, ready_x: Tensor, g_ready: Tensor) -> Tensor:
-        """``[R]`` logits of the wait choice (only with ``wait_choice``)."""
-        assert self.wait_in is not None and self.wait_out is not None
-        r = torch.relu(self.ready_in(ready_x))
-        z = torch.relu(self.wait_in(torch.cat([h_ready, s_ready, r, g_ready], dim=-1)))
-        return self.wait_out(z).squeeze(-1)
+    def stop_logits(self, a_mean: Tensor, g: Tensor) -> Tensor:
+        """``[K]`` logits of "stop: hold the remaining tasks" from the mean task part of the rows
+        still unplaced ``[K, H]`` and the cluster summary ``[K, H]``."""
+        return self.stop(torch.cat([a_mean, g], dim=-1)).squeeze(-1)
+
+    def numpy_weights(self) -> dict[str, np.ndarray]:
+        """Weights of the head and the stop MLP as numpy, for the per-step decode loop (which
+        must not pay torch's per-call overhead a dozen times a batch; see :mod:`policy.gnn`)."""
+        def a(t: Tensor) -> np.ndarray:
+            return t.detach().cpu().numpy().copy()
+
+        s0, s2 = self.stop[0], self.stop[2]
+        assert isinstance(s0, nn.Linear) and isinstance(s2, nn.Linear)
+        return {
+            "c_t": a(self.head_pair.weight).T.copy(),
+            "w": a(self.head_out.weight)[0],
+            "b": a(self.head_out.bias),
+            "s0_w": a(s0.weight).T.copy(),
+            "s0_b": a(s0.bias),
+            "s2_w": a(s2.weight)[0],
+            "s2_b": a(s2.bias),
+        }
+
+    def step_forward(self, st: StepTensors) -> tuple[Tensor, Tensor, Tensor]:
+        """Decoding steps of collated requests -> ``(log p(target) [K], entropy [K], value [S])``.
+
+        A step's choices are its entries (remaining row, pool) plus "stop"; the softmax runs
+        over each step's own choices (a segment softmax).
+        """
+        bt = st.bt
+        h, summary = self.encode_graph(bt.x, bt.edge_index, bt.node_run, bt.num_runs)
+        q, g = self.encode_pools(bt.pool_x)
+        a = self.task_part(h[bt.ready_node], summary[bt.ready_run], bt.ready_x)  # [R, H]
+        b = self.pool_part(q, g)  # [S, P, H]
+        sample_of_entry = st.step_sample[st.entry_step]
+        z = torch.relu(a[st.entry_row] + b[sample_of_entry, st.entry_pool] + self.head_pair(st.entry_x))
+        entry_logits = self.head_out(z).squeeze(-1)  # [M]
+        k = st.step_sample.shape[0]
+        a_mean = scatter(a[st.rem_row], st.rem_step, dim=0, dim_size=k, reduce="mean")
+        stop_logits = self.stop_logits(a_mean, g[st.step_sample])  # [K]
+        stop_logits = stop_logits.masked_fill(~st.stop_ok, NEG_INF)
+        logits = torch.cat([entry_logits, stop_logits])
+        index = torch.cat([st.entry_step, torch.arange(k, device=logits.device)])
+        lse = scatter(torch.exp(logits - scatter(logits, index, dim=0, dim_size=k, reduce="max")[index]),
+                      index, dim=0, dim_size=k, reduce="sum")
+        lse = torch.log(lse) + scatter(logits, index, dim=0, dim_size=k, reduce="max")
+        logp = logits - lse[index]
+        target = torch.where(st.target >= 0, st.target, entry_logits.shape[0] + torch.arange(k, device=logits.device))
+        p = torch.exp(logp)
+        entropy = -scatter(p * logp, index, dim=0, dim_size=k, reduce="sum")
+        pooled = scatter(a, bt.ready_sample, dim=0, dim_size=bt.num_samples, reduce="mean")
+        value = self.value(torch.cat([pooled, g], dim=-1)).squeeze(-1)
+        return logp[target], entropy, value
 
     # --- the whole thing ----------------------------------------------------------------------
 
     def forward(self, bt: BatchTensors) -> tuple[Tensor, Tensor]:
-        """``(logits [R, P (+1)], value [S])`` for a collated batch."""
+        """``(logits [R, P], value [S])`` for a collated batch: every row scored against the
+        request's pools as featurized (the first decoding step, without the stop choice)."""
         h, summary = self.encode_graph(bt.x, bt.edge_index, bt.node_run, bt.num_runs)
         q, g = self.encode_pools(bt.pool_x)
         h_ready = h[bt.ready_node]
@@ -235,9 +376,6 @@ class PlacementGNN(nn.Module):
         a = self.task_part(h_ready, s_ready, bt.ready_x)
         b = self.pool_part(q, g)[bt.ready_sample]
         logits = self.pair_logits(a, b, bt.pair_x, bt.mask)
-        if self.config.wait_choice:
-            w = self.wait_logits(h_ready, s_ready, bt.ready_x, g[bt.ready_sample])
-            logits = torch.cat([logits, w.unsqueeze(1)], dim=1)
         pooled = scatter(a, bt.ready_sample, dim=0, dim_size=bt.num_samples, reduce="mean")
         value = self.value(torch.cat([pooled, g], dim=-1)).squeeze(-1)
         return logits, value

@@ -12,7 +12,7 @@ from gnn_helpers import big_request, diamond_request
 from policy.checkpoint import save_checkpoint
 from policy.features import featurize
 from policy.gnn import GNNPlacer, attribute
-from policy.model import ModelConfig, PlacementGNN, collate
+from policy.model import ModelConfig, PlacementGNN, collate, collate_steps
 from policy.placement import Placer
 
 
@@ -21,12 +21,12 @@ def _placer(**kw: object) -> GNNPlacer:
     return GNNPlacer(PlacementGNN(ModelConfig()), **kw)  # type: ignore[arg-type]
 
 
-def test_is_a_placer_with_one_decision_per_ready_task() -> None:
-    placer = _placer()
+def test_is_a_placer() -> None:
+    placer = _placer(allow_wait=False)
     assert isinstance(placer, Placer)
     req, graphs = diamond_request()
     decisions = placer.place(req, graphs)
-    assert sorted(d.task_id for d in decisions) == ["b", "c"]
+    assert sorted(d.task_id for d in decisions) == ["b", "c"]  # no stop allowed: all placed
     by_task = {d.task_id: d for d in decisions}
     assert by_task["c"].pool == "gpu"  # the only pool that fits a GPU task
     assert by_task["c"].vm_class == "gpu-a10"
@@ -35,18 +35,37 @@ def test_is_a_placer_with_one_decision_per_ready_task() -> None:
         assert 0.0 < d.score <= 1.0
 
 
-def test_decoded_features_equal_teacher_forced_features() -> None:
-    """What the placer saw while decoding is what featurize(assigned=choices) rebuilds, so
-    training on recorded decisions sees the same inputs."""
-    placer = _placer()
+def test_never_stops_while_nothing_runs() -> None:
+    """With every pool idle the first step may not stop (the batch must make progress)."""
+    placer = _placer(temperature=5.0, seed=3)
+    req, graphs = diamond_request()
+    for _ in range(20):
+        dec = placer.decode(req, graphs)
+        assert dec.steps[0].action is not None and not dec.steps[0].stop_ok
+
+
+def test_recorded_steps_score_the_same_in_training() -> None:
+    """step_forward over the decoded steps gives back the decoder's log-probability, so
+    training on recorded decisions sees exactly what the placer saw."""
+    placer = _placer(temperature=1.0, seed=1)
     req, graphs = big_request(60, 12)
     dec = placer.decode(req, graphs)
-    forced = featurize(req, graphs, assigned=dec.actions.tolist())
-    np.testing.assert_array_equal(dec.batch.pair_x, forced.pair_x)
-    logits, _ = placer.model(collate([forced]))
-    lp = torch.log_softmax(logits, -1).gather(1, torch.from_numpy(dec.actions)[:, None])[:, 0]
-    np.testing.assert_allclose(lp.detach().numpy(), dec.logp, rtol=1e-4, atol=1e-4)
-    assert (dec.actions == logits.argmax(1).numpy()).all()
+    logp, _, _ = placer.model.step_forward(collate_steps([(dec.batch, dec.steps)]))
+    assert float(logp.sum().detach()) == pytest.approx(dec.logp, rel=1e-4, abs=1e-4)
+    placed = [st.action[0] for st in dec.steps if st.action is not None]
+    assert placed == dec.placed_order
+    assert sorted(placed) == sorted(np.nonzero(dec.actions >= 0)[0].tolist())
+
+
+def test_first_step_logits_match_one_shot_forward() -> None:
+    placer = _placer(allow_wait=False)
+    req, graphs = big_request(60, 12)
+    dec = placer.decode(req, graphs)
+    first = dec.steps[0]
+    fb = featurize(req, graphs)  # nothing placed yet: the first step's features
+    logits, _ = placer.model(collate([fb]))
+    r, p = first.action  # type: ignore[misc]
+    assert logits.max().item() == pytest.approx(logits[r, p].item(), rel=1e-5)
 
 
 def test_sampling_is_seeded() -> None:
@@ -62,7 +81,7 @@ def test_from_checkpoint(tmp_path: Path) -> None:
     placer = GNNPlacer.from_checkpoint(tmp_path, device="cpu")
     assert placer.name == "drl" and placer.version.startswith("gnn-")
     req, graphs = diamond_request()
-    assert len(placer.place(req, graphs)) == 2
+    assert 1 <= len(placer.place(req, graphs)) <= 2
 
 
 def test_attribution_covers_the_run() -> None:

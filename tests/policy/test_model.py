@@ -7,7 +7,7 @@ import torch
 from gnn_helpers import big_request, diamond_request
 
 from policy.features import featurize
-from policy.model import NEG_INF, ModelConfig, PlacementGNN, collate
+from policy.model import NEG_INF, ModelConfig, PlacementGNN, Step, collate, collate_steps
 
 
 def _model(**kw: object) -> PlacementGNN:
@@ -35,10 +35,28 @@ def test_forward_shapes_and_mask() -> None:
         assert logits[row, gpu] > NEG_INF
 
 
-def test_wait_choice_adds_a_column() -> None:
+def test_step_forward_segment_softmax() -> None:
+    """Each step's choices (remaining row x feasible pool, plus stop) sum to probability one."""
     req, graphs = diamond_request()
-    logits, _ = _model(wait_choice=True)(collate([featurize(req, graphs)]))
-    assert logits.shape == (2, 4)
+    fb = featurize(req, graphs)
+    gpu = [p.name for p in req.pools].index("gpu")
+    steps = [
+        Step(np.zeros(3), np.array([1, 0]), (1, gpu)),  # c to the GPU
+        Step(np.eye(3)[gpu], np.array([0]), None),  # then hold b
+    ]
+    st = collate_steps([(fb, steps), (fb, steps[:1])])
+    # step 0: c has 1 feasible pool, b has 3 -> 4 entries; step 1: b's 3
+    assert st.entry_step.tolist() == [0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2]
+    assert st.target.tolist()[1] == -1
+    model = _model(hidden=8, layers=1)
+    logp, entropy, value = model.step_forward(st)
+    assert logp.shape == (3,) and entropy.shape == (3,) and value.shape == (2,)
+    assert (logp <= 0).all() and (entropy >= 0).all()
+    # a step with one choice forced away (stop not allowed) still normalises
+    st.stop_ok[:] = False
+    st.target[1] = 4
+    logp2, _, _ = model.step_forward(st)
+    assert torch.isfinite(logp2).all()
 
 
 def test_gradients_reach_every_parameter() -> None:
@@ -47,8 +65,8 @@ def test_gradients_reach_every_parameter() -> None:
     logits, value = model(collate([featurize(req, graphs)]))
     (torch.log_softmax(logits, -1)[:, 0].sum() + value.sum()).backward()
     for name, p in model.named_parameters():
-        if name.startswith("wait"):
-            continue
+        if name.startswith("stop"):
+            continue  # only step_forward uses the stop head
         assert p.grad is not None, name
 
 
