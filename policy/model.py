@@ -353,11 +353,11 @@ class PlacementGNN(nn.Module):
         stop_logits = stop_logits.masked_fill(~st.stop_ok, NEG_INF)
         logits = torch.cat([entry_logits, stop_logits])
         index = torch.cat([st.entry_step, torch.arange(k, device=logits.device)])
-        lse = scatter(torch.exp(logits - scatter(logits, index, dim=0, dim_size=k, reduce="max")[index]),
-                      index, dim=0, dim_size=k, reduce="sum")
-        lse = torch.log(lse) + scatter(logits, index, dim=0, dim_size=k, reduce="max")
-        logp = logits - lse[index]
-        target = torch.where(st.target >= 0, st.target, entry_logits.shape[0] + torch.arange(k, device=logits.device))
+        peak = scatter(logits, index, dim=0, dim_size=k, reduce="max")
+        lse = torch.log(scatter(torch.exp(logits - peak[index]), index, dim=0, dim_size=k, reduce="sum"))
+        logp = logits - (lse + peak)[index]
+        stop_pos = entry_logits.shape[0] + torch.arange(k, device=logits.device)
+        target = torch.where(st.target >= 0, st.target, stop_pos)
         p = torch.exp(logp)
         entropy = -scatter(p * logp, index, dim=0, dim_size=k, reduce="sum")
         pooled = scatter(a, bt.ready_sample, dim=0, dim_size=bt.num_samples, reduce="mean")
