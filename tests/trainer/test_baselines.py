@@ -1,0 +1,77 @@
+"""Baselines: every one is a Placer that completes a workload; HEFT against the bound on real DAGs."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _checks import check_conservation
+
+from policy.catalogue import load_catalogue
+from policy.placement import Placer
+from trainer.baselines import BASELINES, expand, make_placer
+from trainer.bounds import critical_path_lb, pooled_work_s, total_speed
+from trainer.simulator import Job, Simulator
+from trainer.wfformat import load_wfformat
+from trainer.workloads import ArrivalSpec, make_jobs, seed_dataset
+
+TRACES = Path(__file__).resolve().parents[3] / "shared" / "workflows" / "wfinstances"
+
+
+@pytest.fixture(scope="module")
+def workload():
+    cat = load_catalogue("policy/catalogues/gpu-affinity.yaml")
+    rng = np.random.default_rng(7)
+    tpl = seed_dataset("mlpipeline", rng)[::4] + seed_dataset("etl", rng)[::4]
+    return cat, make_jobs(tpl, cat, 25, rng, ArrivalSpec(load=0.9))
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_every_baseline_is_a_placer_and_completes(name, workload):
+    cat, jobs = workload
+    placer = make_placer(name, cat, 0)
+    assert isinstance(placer, Placer)
+    result = Simulator(cat, jobs, placer, seed=1, duration_noise=0.3).run()
+    check_conservation(jobs, result, cat)
+    assert result.refused_decisions == 0
+
+
+def test_expand_and_unknown_names():
+    names = expand("baselines,srpt+eft")
+    assert names == list(BASELINES)
+    assert "heft" in names and "srpt+eft" in names
+    with pytest.raises(ValueError, match="unknown"):
+        make_placer("nope")
+    with pytest.raises(ValueError, match="job order"):
+        make_placer("lifo+eft")
+
+
+def test_earliest_finish_beats_fastest_free_on_mean_jct(workload):
+    # the issue's observation: placement matters as much as order
+    cat, jobs = workload
+    jct = {}
+    for name in ("srpt+ff", "srpt+eft"):
+        r = Simulator(cat, jobs, make_placer(name, cat), seed=1, duration_noise=0.3).run()
+        jct[name] = np.mean([j.jct_s for j in r.jobs])
+    assert jct["srpt+eft"] < jct["srpt+ff"]
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason="the shared WfInstances are not checked out here")
+def test_insertion_heft_on_single_real_dags_is_close_to_the_bound():
+    """Single DAGs of the shared WfInstances on speeds 1/2/4 with 8/4/2 workers.
+
+    Bound: max(critical path on the fastest feasible class, total work / total speed). The median
+    measured with this code is 1.18 (see docs/bench.md); the issue's 1.05 is not reached against
+    this bound, which ignores that a wide layer cannot all run on the two fastest workers.
+    """
+    cat = load_catalogue("policy/catalogues/speeds-1-2-4.yaml")
+    ratios = []
+    for f in sorted(TRACES.glob("*.json")):
+        g = load_wfformat(f)
+        lb = max(critical_path_lb(g, cat), pooled_work_s(g, cat) / total_speed(cat))
+        r = Simulator(cat, [Job(g, 0.0)], make_placer("heft", cat), seed=0).run()
+        assert r.makespan_s >= lb * (1 - 1e-9)
+        ratios.append(r.makespan_s / lb)
+    assert statistics.median(ratios) <= 1.2

@@ -1,0 +1,29 @@
+"""``drl-trainer bench``: flags, table, JSON keys, plots (a tiny run)."""
+
+from __future__ import annotations
+
+import json
+
+from trainer.cli import main
+from trainer.metrics import KEYS
+
+
+def test_bench_writes_json_and_plots(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    plots = tmp_path / "plots"
+    rc = main(["bench", "--workflows", "etl", "--workflows", "mlpipeline", "--policies", "fifo,srpt+eft,heft",
+               "--dag-runs", "6", "--seeds", "2", "--load", "0.85", "--duration-noise", "0.3",
+               "--json", str(out), "--plots", str(plots)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "srpt+eft" in text and "best fixed baseline" in text
+    data = json.loads(out.read_text())
+    rows = data["results"]
+    assert len(rows) == 6
+    for row in rows:
+        assert set(KEYS) <= set(row)
+        assert row["mean_jct_over_stream_lb"] >= 1.0 - 1e-9
+    assert data["references"]["best_fixed"]["policy"] in {"fifo", "srpt+eft", "heft"}
+    assert set(data["references"]["per_setting_best"]) == {"etl", "mlpipeline"}
+    pngs = sorted(p.name for p in plots.glob("*.png"))
+    assert "metrics-0.png" in pngs and "gantt-srpt_eft.png" in pngs
