@@ -1,6 +1,6 @@
 """Sample ETL DAG: many sources extracted in parallel, transformed, joined in a hub, then loaded.
 
-A fan-out/fan-in of 14 tasks. The ``executor_config={"drl": ...}`` hints tell DRLExecutor what each
+A fan-out/fan-in of 15 tasks. The ``executor_config={"drl": ...}`` hints tell DRLExecutor what each
 task needs and how long it usually takes (history replaces the duration once the DAG has run).
 """
 

@@ -1,8 +1,8 @@
 """Run the sample DAGs through DRLExecutor on the local stack and print where every task ran.
 
     python scripts/demo.py            # triggers, waits, prints the table, keeps the stack up
-    python scripts/demo.py --once     # exits after the runs: 0 only if every run succeeded and
-                                      # every task ran on a worker of the pool it was placed on
+    python scripts/demo.py --once     # stops the stack after the runs; exit 0 only if every run
+                                      # succeeded and every task ran on a worker of its chosen pool
 
 Talks to the stack started by ``scripts/localstack.py up`` (same ``DRL_STACK_DIR`` and ports):
 Airflow's REST API for triggering and waiting, the metadata database for the placements.
@@ -152,12 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ok, report = run_demo(stack)
     except DemoError as exc:
-        print(f"[demo] error: {exc}", file=sys.stderr)
+        print(f"[demo] error: {exc}; logs in {stack.logs}", file=sys.stderr)
+        if args.once:
+            stack.down()
         return 1
     print(report)
     print(f"\n[demo] Airflow UI: {stack.api_url}  login: admin / {stack.secret('admin')}")
     print(f"[demo] placements page: {stack.api_url}/drl/   policy metrics: http://127.0.0.1:{stack.ports.metrics}/metrics")
     if args.once:
+        stack.down()
         return 0 if ok else 1
     print("[demo] the stack keeps running; Ctrl-C stops everything", flush=True)
     try:
