@@ -101,7 +101,7 @@ def ensure_schema(engine: Engine) -> None:
 def write(conn: Connection, records: Sequence[PlacementRecord]) -> None:
     """Insert ``records`` in one statement."""
     if records:
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         conn.execute(insert(placements), [r.row(now) for r in records])
 
 

@@ -126,13 +126,14 @@ class TaskNode:
     pool: str | None = None
 
     def to_json(self) -> dict[str, Any]:
+        # float() so that 10 and 10.0 encode (and hash, see graph_digest) the same way
         out: dict[str, Any] = {
             "task_id": self.task_id,
-            "duration_s": self.duration_s,
-            "cpus": self.cpus,
-            "memory_gb": self.memory_gb,
-            "gpus": self.gpus,
-            "priority": self.priority,
+            "duration_s": float(self.duration_s),
+            "cpus": float(self.cpus),
+            "memory_gb": float(self.memory_gb),
+            "gpus": float(self.gpus),
+            "priority": float(self.priority),
             "kind": self.kind,
         }
         if self.pool is not None:

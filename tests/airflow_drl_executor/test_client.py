@@ -1,0 +1,89 @@
+"""PlacementClient against a real redis-server and a real (in-process) policy server."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+import redis
+
+from airflow_drl_executor.client import PlacementClient, PlacementUnavailable
+from policy.bench import free_port
+from policy.schema import PlacementRequest, PoolState, ReadyTask, RunGraph, TaskNode
+from policy.server import PolicyServer
+from policy.transport import Keys
+
+POOLS = (PoolState("small", "s", slots=2, cpus=4, memory_gb=16),
+         PoolState("large", "l", slots=2, cpus=16, memory_gb=128, speed=2.0))
+
+
+def _graph(run: str = "d/r1") -> RunGraph:
+    return RunGraph(run, (TaskNode("a", duration_s=10), TaskNode("b", memory_gb=64)), ((0, 1),))
+
+
+def _request(rid: str, run: str = "d/r1", task: str = "a") -> PlacementRequest:
+    return PlacementRequest(rid, (ReadyTask(run, task),), POOLS)
+
+
+def _client(url: str, **kw: object) -> PlacementClient:
+    return PlacementClient(url, prefix="t", timeout_ms=kw.pop("timeout_ms", 500), **kw)  # type: ignore[arg-type]
+
+
+def test_round_trip_then_graph_by_reference(redis_url: str, policy_server: Callable[..., PolicyServer]) -> None:
+    server = policy_server()
+    client = _client(redis_url)
+    g = _graph()
+    first = client.place(_request("r1"), {g.run_key: g})
+    assert [(d.task_id, d.pool) for d in first.decisions] == [("a", "large")]
+    assert first.policy and not first.decisions[0].fallback
+    second = client.place(_request("r2", task="b"), {g.run_key: g})  # sent as a RunRef this time
+    assert second.decisions[0].pool == "large"
+    assert (g.run_key, g.digest) in server.cache
+
+
+def test_unknown_graph_is_resent_in_full(redis_url: str, policy_server: Callable[..., PolicyServer]) -> None:
+    first = policy_server()
+    client = _client(redis_url)
+    g = _graph()
+    client.place(_request("r1"), {g.run_key: g})
+    first.stop()  # a restarted server has an empty graph cache
+    time.sleep(0.1)
+    policy_server()
+    reply = client.place(_request("r2"), {g.run_key: g})
+    assert reply.ok and reply.decisions[0].task_id == "a"
+
+
+def test_no_server_fails_fast_with_the_reason(redis_url: str) -> None:
+    client = _client(redis_url, timeout_ms=2000)
+    start = time.monotonic()
+    with pytest.raises(PlacementUnavailable, match="no policy server"):
+        client.place(_request("r1"), {"d/r1": _graph()})
+    assert time.monotonic() - start < 0.5, "no heartbeat: no need to wait for the deadline"
+
+
+def test_stale_heartbeat_counts_as_dead(redis_url: str) -> None:
+    r = redis.Redis.from_url(redis_url)
+    r.hset(Keys("t").heartbeat, "ghost", '{"ts": %f}' % (time.time() - 120))
+    with pytest.raises(PlacementUnavailable, match="freshest heartbeat"):
+        _client(redis_url, stale_after_s=15).place(_request("r1"), {"d/r1": _graph()})
+
+
+def test_silent_server_times_out_within_the_deadline(redis_url: str) -> None:
+    r = redis.Redis.from_url(redis_url)
+    r.hset(Keys("t").heartbeat, "mute", str(time.time()))  # alive on paper, never answers
+    client = _client(redis_url, timeout_ms=150)
+    start = time.monotonic()
+    with pytest.raises(PlacementUnavailable, match="no reply within 150 ms"):
+        client.place(_request("r1"), {"d/r1": _graph()})
+    assert 0.14 <= time.monotonic() - start < 0.4
+
+
+def test_dead_redis_backs_off() -> None:
+    client = PlacementClient(f"redis://127.0.0.1:{free_port()}/0", timeout_ms=100, backoff_max_s=5)
+    with pytest.raises(PlacementUnavailable, match="redis error"):
+        client.place(_request("r1"), {"d/r1": _graph()})
+    start = time.monotonic()
+    with pytest.raises(PlacementUnavailable, match="retrying in"):
+        client.place(_request("r2"), {"d/r1": _graph()})
+    assert time.monotonic() - start < 0.01, "during back-off the client does not touch Redis"

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from airflow_drl_executor.config import OPTIONS, ExecutorConfig, packaged_catalogue
+from airflow_drl_executor.provider import get_provider_info
+
+
+class FakeConf:
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+
+    def get(self, section: str, key: str, fallback: object = None) -> object:
+        assert section == "drl_executor"
+        return self.values.get(key, fallback)
+
+
+def test_defaults_are_valid_and_use_the_packaged_catalogue() -> None:
+    cfg = ExecutorConfig.from_conf(FakeConf({}))
+    assert cfg.decision_timeout_ms == 200 and cfg.record_traces
+    assert Path(cfg.catalogue).exists() and cfg.catalogue == packaged_catalogue()
+
+
+def test_values_are_typed() -> None:
+    cfg = ExecutorConfig.from_conf(FakeConf({"decision_timeout_ms": "50", "record_traces": "false",
+                                             "default_duration_s": "2.5"}))
+    assert (cfg.decision_timeout_ms, cfg.record_traces, cfg.default_duration_s) == (50, False, 2.5)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("decision_timeout_ms", "soon", "expected integer"),
+        ("decision_timeout_ms", "0", "1..10000"),
+        ("redis_url", "http://x", "redis_url"),
+        ("key_prefix", "a:b", "key_prefix"),
+        ("record_traces", "maybe", "expected boolean"),
+    ],
+)
+def test_bad_values_name_the_option(key: str, value: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ExecutorConfig.from_conf(FakeConf({key: value}))
+
+
+def test_provider_declares_every_option_and_a_cli() -> None:
+    info = get_provider_info()
+    options = info["config"]["drl_executor"]["options"]
+    assert set(options) == set(OPTIONS)
+    assert all(o["description"] and o["type"] for o in options.values())
+    assert info["executors"] == ["airflow_drl_executor.DRLExecutor"]
+    assert info["cli"], "without a cli entry every airflow command fails (BRIEF)"

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import pytest
+
+from airflow_drl_executor.graph_builder import task_node
+from policy.errors import SchemaError
+
+POOLS = ("cpu-small", "cpu-large", "gpu")
+
+
+def _node(hints: dict, queue: str = "default"):
+    return task_node("t", hints, queue, 3.0, duration_s=60.0, pool_names=POOLS, default_queue="default")
+
+
+def test_hints_override_defaults() -> None:
+    node = _node({"duration_s": 120, "gpus": 1, "kind": "gpu_train", "memory_gb": 8})
+    assert (node.duration_s, node.gpus, node.kind, node.memory_gb, node.priority) == (120.0, 1.0, "gpu_train", 8.0, 3.0)
+    assert node.pool is None
+
+
+def test_a_queue_naming_one_of_our_pools_is_a_pin() -> None:
+    assert _node({}, queue="gpu").pool == "gpu"
+    assert _node({}, queue="default").pool is None
+    assert _node({}, queue="elsewhere").pool is None
+    assert _node({"pool": "cpu-large"}).pool == "cpu-large"
+
+
+@pytest.mark.parametrize(("hints", "message"), [
+    ({"cpus": -1}, "drl.cpus"), ({"duration_s": "long"}, "drl.duration_s"), ({"kind": 3}, "drl.kind"),
+    ({"pool": "nowhere"}, "pinned pool 'nowhere'"),
+])
+def test_bad_hints_name_the_task_and_field(hints: dict, message: str) -> None:
+    with pytest.raises(SchemaError, match=message):
+        _node(hints)

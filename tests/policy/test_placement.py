@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import pytest
+
+from policy.errors import SchemaError
+from policy.graph import view
+from policy.placement import EarliestFinishPlacer, Placer
+from policy.schema import PlacementRequest, PoolState, ReadyTask, RunGraph, TaskNode
+
+SMALL = PoolState("small", "s", slots=4, cpus=4, memory_gb=16, speed=1.0)
+LARGE = PoolState("large", "l", slots=2, cpus=16, memory_gb=128, speed=2.0)
+GPU = PoolState("gpu", "g", slots=1, cpus=8, memory_gb=64, gpus=1, speed=1.5, affinity={"gpu_train": 8.0})
+
+
+def _place(tasks: tuple[TaskNode, ...], pools=(SMALL, LARGE, GPU), edges=()) -> dict[str, str]:
+    g = RunGraph("d/r", tasks, tuple(edges))
+    req = PlacementRequest("q", tuple(ReadyTask("d/r", t.task_id) for t in tasks), tuple(pools))
+    return {d.task_id: d.pool for d in EarliestFinishPlacer().place(req, {"d/r": g})}
+
+
+def test_is_a_placer() -> None:
+    assert isinstance(EarliestFinishPlacer(), Placer)
+
+
+def test_prefers_fastest_free_pool_and_spreads_a_batch() -> None:
+    placed = _place(tuple(TaskNode(f"t{i}", duration_s=10) for i in range(4)))
+    # Two free slots at speed 2 (5 s), then the GPU box's CPUs (6.7 s); the fourth task waits for
+    # a speed-2 slot (2.5 s + 5 s) rather than run on the small VM (10 s).
+    assert sorted(placed.values()) == ["gpu", "large", "large", "large"]
+
+
+def test_affinity_sends_training_to_the_gpu() -> None:
+    assert _place((TaskNode("train", duration_s=100, kind="gpu_train", gpus=1),)) == {"train": "gpu"}
+    assert _place((TaskNode("train", duration_s=100, kind="gpu_train"),)) == {"train": "gpu"}
+
+
+def test_hard_constraints_and_pins_win() -> None:
+    assert _place((TaskNode("big", memory_gb=100),)) == {"big": "large"}
+    assert _place((TaskNode("pinned", pool="small"),)) == {"pinned": "small"}
+    down_large = PoolState("large", "l", slots=2, cpus=16, memory_gb=128, speed=2.0, up=False)
+    assert _place((TaskNode("x"),), pools=(SMALL, down_large)) == {"x": "small"}
+
+
+def test_infeasible_task_gets_largest_pool_and_says_so() -> None:
+    g = RunGraph("d/r", (TaskNode("huge", memory_gb=1000),), ())
+    req = PlacementRequest("q", (ReadyTask("d/r", "huge"),), (SMALL, LARGE))
+    (d,) = EarliestFinishPlacer().place(req, {"d/r": g})
+    assert d.pool == "large" and "no pool fits" in d.reason
+
+
+def test_critical_path_first() -> None:
+    # a -> c (long tail); b alone. One fast slot: a (longer remaining path) gets it.
+    tasks = (TaskNode("a", duration_s=1), TaskNode("b", duration_s=5), TaskNode("c", duration_s=50))
+    g = RunGraph("d/r", tasks, ((0, 2),))
+    fast = PoolState("fast", "f", slots=1, cpus=4, memory_gb=16, speed=4.0)
+    slow = PoolState("slow", "s", slots=1, cpus=4, memory_gb=16, speed=1.0)
+    req = PlacementRequest("q", (ReadyTask("d/r", "b"), ReadyTask("d/r", "a")), (fast, slow))
+    placed = {d.task_id: d.pool for d in EarliestFinishPlacer().place(req, {"d/r": g})}
+    assert placed["a"] == "fast"
+    assert view(g).critical_path_s == 51.0
+
+
+def test_cycle_is_a_schema_error() -> None:
+    g = RunGraph("d/r", (TaskNode("a"), TaskNode("b")), ((0, 1), (1, 0)))
+    with pytest.raises(SchemaError, match="cycle"):
+        view(g)

@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from policy.errors import SchemaError
+from policy.schema import (
+    SCHEMA_VERSION,
+    Decision,
+    PlacementReply,
+    PlacementRequest,
+    PoolState,
+    ReadyTask,
+    RunGraph,
+    RunProgress,
+    RunRef,
+    TaskNode,
+    dumps,
+    loads_json,
+)
+
+
+def _graph() -> RunGraph:
+    tasks = (TaskNode("a", duration_s=10), TaskNode("b", gpus=1, kind="gpu_train"), TaskNode("c", pool="big"))
+    return RunGraph(run_key="dag/run1", tasks=tasks, edges=((0, 1), (0, 2)))
+
+
+def _request() -> PlacementRequest:
+    g = _graph()
+    return PlacementRequest(
+        request_id="r1",
+        ready=(ReadyTask("dag/run1", "a"),),
+        pools=(PoolState("small", "s", slots=2, cpus=4, memory_gb=16),
+               PoolState("gpu", "g", slots=1, cpus=8, memory_gb=64, gpus=1, affinity={"gpu_train": 8.0})),
+        runs=(g, RunRef("dag/run0", "abc")),
+        progress=(RunProgress("dag/run1", finished=("x",), running=("a",), age_s=3.0),),
+        created_at=1.0,
+        deadline_ms=100.0,
+    )
+
+
+def test_request_round_trips_through_json() -> None:
+    req = _request()
+    back = PlacementRequest.from_json(loads_json(dumps(req), max_bytes=1 << 20))
+    assert back == req
+    assert back.graphs()["dag/run1"].digest == req.runs[0].digest  # type: ignore[union-attr]
+
+
+def test_reply_round_trips_and_reports_errors() -> None:
+    reply = PlacementReply("r1", (Decision("dag/run1", "a", "small", "s", -3.0, "why"),), "eft", "1")
+    assert PlacementReply.from_json(json.loads(dumps(reply))) == reply
+    err = PlacementReply("r2", error_code="unknown_graph", error="dag/run0")
+    back = PlacementReply.from_json(json.loads(dumps(err)))
+    assert not back.ok and back.error_code == "unknown_graph"
+
+
+def test_digest_depends_on_content_only() -> None:
+    a, b = _graph(), _graph()
+    assert a.digest == b.digest and len(a.digest) == 16
+    changed = RunGraph(run_key="dag/run1", tasks=a.tasks, edges=((0, 1),))
+    assert changed.digest != a.digest
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda o: o.update(schema_version=99), "schema_version"),
+        (lambda o: o.pop("request_id"), "request_id"),
+        (lambda o: o["ready"][0].update(task_id=""), "ready[0].task_id"),
+        (lambda o: o["pools"][0].update(slots=-1), "slots"),
+        (lambda o: o["pools"][0].update(cpus="many"), "cpus"),
+        (lambda o: o["runs"][0]["tasks"][0].update(duration_s=float("nan")), "duration_s"),
+        (lambda o: o["runs"][0].update(edges=[[0, 7]]), "bad edge"),
+        (lambda o: o["runs"][0].update(digest="0000"), "digest"),
+        (lambda o: o["pools"][1].update(affinity={"gpu_train": -1}), "affinity"),
+    ],
+)
+def test_malformed_requests_name_the_field(mutate, field: str) -> None:
+    obj = json.loads(dumps(_request()))
+    mutate(obj)
+    with pytest.raises(SchemaError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        PlacementRequest.from_json(obj)
+
+
+def test_loads_json_refuses_oversized_and_non_objects() -> None:
+    with pytest.raises(SchemaError, match="exceeds"):
+        loads_json(b"{}" * 10, max_bytes=5)
+    with pytest.raises(SchemaError, match="not JSON"):
+        loads_json(b"{nope", max_bytes=100)
+    with pytest.raises(SchemaError, match="JSON object"):
+        loads_json(b"[1]", max_bytes=100)
+
+
+def test_pool_constraints_and_affinity() -> None:
+    gpu = PoolState("gpu", "g", slots=1, cpus=8, memory_gb=64, gpus=1, speed=1.5, affinity={"gpu_train": 8.0})
+    small = PoolState("small", "s", slots=2, cpus=4, memory_gb=16)
+    trainer = TaskNode("t", gpus=1, kind="gpu_train")
+    assert gpu.fits(trainer) and not small.fits(trainer)
+    assert gpu.speed_for("gpu_train") == 12.0 and gpu.speed_for("default") == 1.5
+    assert not small.fits(TaskNode("p", pool="gpu"))
+    assert SCHEMA_VERSION == 1
