@@ -22,6 +22,7 @@ from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from policy.graph import view
 from policy.placement import EarliestFinishPlacer, Placer, feasible
 from policy.schema import Decision, PlacementRequest, PoolState, RunGraph
 
@@ -87,7 +88,7 @@ def violation(decision: Decision, request: PlacementRequest, graph: RunGraph | N
         return f"pool {decision.pool!r} is not in the request"
     if graph is None:
         return None
-    idx = graph.index().get(decision.task_id)
+    idx = view(graph).index.get(decision.task_id)
     if idx is None:
         return f"task {decision.task_id!r} is not in run {decision.run_key!r}"
     task = graph.tasks[idx]
@@ -184,7 +185,7 @@ class Arbiter:
         t = self.config.temperature
         for ready, logits in zip(request.ready, scores, strict=False):
             g = graphs[ready.run_key]
-            task = g.tasks[g.index()[ready.task_id]]
+            task = g.tasks[view(g).index[ready.task_id]]
             allowed = {p.name for p in feasible(task, request.pools)}
             names = [n for n in logits if n in pools and (n in allowed or not allowed)]
             if not names:
