@@ -56,6 +56,7 @@ Durations and randomness
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import heapq
 import logging
@@ -257,6 +258,8 @@ class Simulator:
 
     ``overrides`` are :class:`SimConfig` fields (e.g. ``duration_noise=0.3``) applied on top of
     ``config``. ``placer`` may be None when the caller drives :meth:`reset` / :meth:`step` itself.
+    A placer with a ``bind(simulator)`` method is handed the simulator before :meth:`run` starts
+    (only the rollout reference planner uses this: it searches on :meth:`fork` copies).
     """
 
     def __init__(
@@ -372,6 +375,9 @@ class Simulator:
         if self.placer is None:
             raise SimulationError("run() needs a placer; drive reset()/step() yourself otherwise")
         place = self.placer.place
+        bind = getattr(self.placer, "bind", None)
+        if callable(bind):
+            bind(self)  # search-based placers (the rollout reference) plan on forks of this simulator
         request = self.reset()
         clock = _time.perf_counter
         while request is not None:
@@ -380,6 +386,22 @@ class Simulator:
             self._placer_s += clock() - t0
             request = self.step(decisions)
         return self.result()
+
+    def fork(self) -> Simulator:
+        """An independent copy of the simulation now (graphs, jobs and the catalogue are shared).
+
+        The copy has no placer; drive it with :meth:`step`. Used by search-based placers.
+        """
+        memo: dict[int, Any] = {id(self.catalogue): self.catalogue, id(self.config): self.config,
+                                id(self.jobs): self.jobs, id(self.placer): None}
+        for job in self.jobs:
+            memo[id(job)] = job
+            memo[id(job.graph)] = job.graph
+        for run in self._active.values():
+            memo[id(run.view)] = run.view
+        clone = copy.deepcopy(self, memo)
+        clone.placer = None
+        return clone
 
     def result(self) -> SimResult:
         if not self._done:

@@ -75,3 +75,12 @@ def test_insertion_heft_on_single_real_dags_is_close_to_the_bound():
         assert r.makespan_s >= lb * (1 - 1e-9)
         ratios.append(r.makespan_s / lb)
     assert statistics.median(ratios) <= 1.2
+
+
+def test_rollout_planner_searches_on_forks():
+    cat = load_catalogue("policy/catalogues/gpu-affinity.yaml")
+    rng = np.random.default_rng(1)
+    jobs = make_jobs(seed_dataset("mlpipeline", rng)[:2], cat, 2, rng, ArrivalSpec(load=0.9))
+    placer = make_placer("rollout", cat)
+    result = Simulator(cat, jobs, placer, seed=2, duration_noise=0.3).run()
+    check_conservation(jobs, result, cat)
