@@ -1,0 +1,61 @@
+"""The placements page in a real browser (headless Chromium from Debian, driven by Selenium)."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from demo import Api
+from localstack import Stack
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
+
+pytestmark = pytest.mark.integration
+
+DAG = "drl_ml_pipeline"
+
+
+@pytest.fixture
+def browser() -> Iterator[webdriver.Chrome]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--window-size=1600,900"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+def test_placements_page_needs_a_login(stack: Stack) -> None:
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(f"{stack.api_url}/drl/", timeout=10)
+    assert err.value.code in (401, 403)
+
+
+def test_placements_page_shows_each_placement_and_why(stack: Stack, api: Api, browser: webdriver.Chrome) -> None:
+    api.wait_dag(DAG)
+    run_id = api.trigger(DAG)
+    assert api.wait_run(DAG, run_id, timeout=240) == "success"
+
+    browser.get(f"{stack.api_url}/api/v2/version")  # same origin first, so the cookie can be set
+    browser.add_cookie({"name": "_token", "value": api.token, "path": "/"})
+    browser.get(f"{stack.api_url}/drl/")
+    WebDriverWait(browser, 30).until(expected_conditions.presence_of_element_located((By.ID, "placements")))
+    rows = [r.text for r in browser.find_elements(By.CSS_SELECTOR, "#placements tbody tr")]
+    ours = [r for r in rows if run_id in r]
+    assert len(ours) == 7, rows[:3]
+    train = next(r for r in ours if " train " in f" {r} ")
+    assert " gpu " in f" {train} " and "est. finish" in train, train
+    browser.save_screenshot(str(stack.state / "ui-placements.png"))
+
+    views = api.call("GET", "/api/v2/plugins")["plugins"]
+    ours_plugin = next(p for p in views if p["name"] == "drl_executor")
+    assert ours_plugin["external_views"][0]["href"] == "/drl/"
