@@ -211,7 +211,7 @@ class CaseResult:
 
 def run_case(url: str, keys: Keys, catalogue: Catalogue, dag_tasks: int, ready_tasks: int,
              clients: int, duration_s: float, seed: int, device: str,
-             rate_per_client: float | None = None) -> CaseResult:
+             rate_per_client: float | None = None, deadline_ms: float = 1000.0) -> CaseResult:
     rng = np.random.default_rng(seed)
     lat: list[list[float]] = [[] for _ in range(clients)]
     errors = [0] * clients
@@ -224,7 +224,11 @@ def run_case(url: str, keys: Keys, catalogue: Catalogue, dag_tasks: int, ready_t
         cl = Client(r, keys)
         g = graphs[c]
         local = np.random.default_rng(seed * 1000 + c)
-        cl.ask([g], [ReadyTask(g.run_key, g.tasks[0].task_id)], catalogue)
+        try:
+            # the first request carries the full graph: give it time, it is not measured
+            cl.ask([g], [ReadyTask(g.run_key, g.tasks[0].task_id)], catalogue, deadline_ms=30_000)
+        except TimeoutError:
+            errors[c] += 1
         start.wait()
         period = 1.0 / rate_per_client if rate_per_client else 0.0
         next_t = time.perf_counter()
@@ -234,13 +238,14 @@ def run_case(url: str, keys: Keys, catalogue: Catalogue, dag_tasks: int, ready_t
             ready = [ReadyTask(g.run_key, g.tasks[int(i)].task_id) for i in picks]
             t0 = time.perf_counter()
             try:
-                reply = cl.ask([g], ready, catalogue)
+                reply = cl.ask([g], ready, catalogue, deadline_ms=deadline_ms)
                 if not reply.ok or len(reply.decisions) != len(ready):
                     errors[c] += 1
                 else:
                     lat[c].append(time.perf_counter() - t0)
             except TimeoutError:
                 errors[c] += 1
+                cl.sent.clear()  # the server may not have the graph: resend it next time
             if period:
                 next_t += period
                 delay = next_t - time.perf_counter()
