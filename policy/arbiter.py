@@ -3,7 +3,9 @@
 Three duties, in this order (the execution layer of the source design, issue 5):
 
 1. **Load-skew breaker.** If the utilisation spread of the live pools (max - min of
-   ``(busy + queued) / slots``) exceeds ``skew_threshold``, the next ``skew_fallback_n`` decisions
+   ``(busy + queued) / slots``) exceeds ``skew_threshold`` while work queues behind a full pool and
+   another live pool has a free slot (a full fast pool beside idle slow ones is what a good
+   placement looks like at light load, not herding), the next ``skew_fallback_n`` decisions
    are made by the fallback heuristic (least-loaded earliest finish), and each such decision's
    reason says so. A model that herds work onto one pool is cut off before the pool drowns.
 2. **Sampling.** A placer that exposes per-pool scores (:class:`ScoringPlacer`) is sampled with
@@ -78,6 +80,12 @@ def utilisation_spread(pools: Sequence[PoolState]) -> tuple[float, str]:
     util = sorted((min(1.0, (p.busy + p.queued) / p.slots), p.name) for p in live)
     lo, hi = util[0], util[-1]
     return hi[0] - lo[0], f"{hi[1]} {hi[0]:.2f}, {lo[1]} {lo[0]:.2f}"
+
+
+def backlog_beside_idle(pools: Sequence[PoolState]) -> bool:
+    """Tasks wait on a full live pool while another live pool has a free slot."""
+    live = [p for p in pools if p.up and p.slots > 0]
+    return any(p.busy + p.queued > p.slots for p in live) and any(p.free_slots > 0 for p in live)
 
 
 def violation(decision: Decision, request: PlacementRequest, graph: RunGraph | None) -> str | None:
@@ -161,7 +169,7 @@ class Arbiter:
             return None
         if self.breaker_left <= 0:
             spread, extremes = utilisation_spread(request.pools)
-            if spread <= self.config.skew_threshold:
+            if spread <= self.config.skew_threshold or not backlog_beside_idle(request.pools):
                 return None
             self.breaker_left = self.config.skew_fallback_n
             self._breaker_note = (

@@ -25,7 +25,7 @@ def build_parser(
     parser.add_argument("--log-level", default="INFO", help="logging level (default: %(default)s)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     args = sys.argv[1:] if argv is None else argv
-    chosen = next((a for a in args if not a.startswith("-")), None)
+    chosen = next((a for a in args if a in subcommands), None)
     for name, (module, help_text) in subcommands.items():
         sp = sub.add_parser(name, help=help_text, description=help_text)
         sp.set_defaults(_module=module)

@@ -119,9 +119,12 @@ def test_greedy_by_default_and_seeded_sampling_with_temperature() -> None:
 
 
 def test_load_skew_breaker_trips_for_n_decisions_and_says_so() -> None:
-    skewed = (replace(POOLS[0], busy=4), replace(POOLS[1], busy=0), POOLS[2])
-    assert utilisation_spread(skewed)[0] == pytest.approx(1.0)
+    full = (replace(POOLS[0], busy=4), replace(POOLS[1], busy=0), POOLS[2])
     a, seen = arbiter(skew_threshold=0.5, skew_fallback_n=3)
+    # A full pool beside idle ones, with nothing waiting, is not herding: the placer decides.
+    assert a.decide(Fixed("small"), req("light", pools=full), {"r": GRAPH})[0].reason == "fixed"
+    skewed = (replace(POOLS[0], busy=4, queued=3), replace(POOLS[1], busy=0), POOLS[2])
+    assert utilisation_spread(skewed)[0] == pytest.approx(1.0)
     out = a.decide(Fixed("small"), req("light", "light", pools=skewed), {"r": GRAPH})
     assert all("load-skew breaker: utilisation spread 1.00 > 0.50" in d.reason for d in out)
     assert out[0].pool != "small"  # the heuristic avoids the full pool
