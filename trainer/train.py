@@ -1,0 +1,405 @@
+"""``drl-trainer train``: train the GNN placement policy in the simulator.
+
+One readable loop, CleanRL style (``cleanrl/ppo.py``): an :class:`Args` dataclass is the CLI,
+scalars are logged by ``global_step`` under ``losses/``, ``charts/`` and ``eval/`` prefixes (a
+JSON-lines file ``log.jsonl`` next to the checkpoint; TensorBoard is not a dependency).
+
+**Imitation (DAgger)** of the per-setting best heuristic. For each training setting (a workload
+family) the candidate baselines are simulated once on a probe stream and the one with the lowest
+objective becomes that setting's *teacher* (``--teacher`` names one instead). Each iteration
+simulates a fresh job stream per setting; at every decision point the teacher's reply is turned
+into decoding steps (its dispatch order, each (task, pool) choice, then "stop" for the tasks it
+holds) and stored; the stream is driven by the teacher with probability ``beta`` and by the
+student otherwise (DAgger, Ross et al. 2011: the student learns to recover from its own states);
+``beta`` decays linearly to ``beta_final``. The loss is the cross-entropy of the teacher's steps
+under :meth:`~policy.model.PlacementGNN.step_forward`, minus an entropy bonus. The curriculum
+grows the episode from ``runs_start`` to ``runs_end`` DAG runs.
+
+Not done yet (issue 4): the policy-gradient phase (PPO/A2C with shared arrival sequences, an
+input-dependent baseline, differential returns and entropy decay). The model already exposes what
+it needs (:meth:`~policy.model.PlacementGNN.step_forward` returns log-probabilities, entropies and
+values of recorded steps; :meth:`~policy.gnn.GNNPlacer.decode` samples at a temperature and
+records its steps).
+
+The objective is configuration: ``--objective mean_jct`` (default), ``p95_jct``,
+``sla_violation_rate`` or ``cost``, plus ``--cost-weight`` (objective + w x cost, scaled by the
+first candidate's result). It picks each setting's teacher, so the student imitates the best
+heuristic *for that objective*.
+
+Reproduce the default checkpoint::
+
+    drl-trainer train --out policy/checkpoints/default
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from policy.catalogue import Catalogue, load_catalogue
+from policy.checkpoint import save_checkpoint
+from policy.features import FeatureBatch, featurize
+from policy.gnn import GNNPlacer
+from policy.model import ModelConfig, PlacementGNN, Step, collate_steps
+from policy.placement import Placer
+from policy.schema import Decision, PlacementRequest, RunGraph
+from trainer.baselines import make_placer
+from trainer.metrics import Bounds, summarize
+from trainer.simulator import Job, SimConfig, Simulator
+from trainer.workloads import ArrivalSpec, load_templates, make_jobs
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parent.parent
+OBJECTIVES = ("mean_jct", "p95_jct", "sla_violation_rate", "cost")
+_METRIC = {"mean_jct": "mean_jct_s", "p95_jct": "p95_jct_s", "sla_violation_rate": "sla_violation_rate",
+           "cost": "cost"}
+
+
+@dataclass
+class Args:
+    """Training configuration; every field is a ``--flag`` (underscores become dashes)."""
+
+    #: training settings: workload families or WfFormat paths, ';'-separated (one teacher each)
+    workflows: str = "montecarlo;mlpipeline"
+    #: held-out settings evaluated at the end (never trained on), ';'-separated
+    heldout: str = "etl"
+    #: pool catalogue
+    pools: str = str(ROOT / "policy" / "catalogues" / "gpu-affinity.yaml")
+    #: offered load and duration noise of the simulated streams
+    load: float = 0.85
+    duration_noise: float = 0.3
+    #: teacher: 'auto' = per-setting best of ``candidates``; or one baseline name
+    teacher: str = "auto"
+    candidates: str = "srpt+eft,srpt+eftm,fifo+eft,rcp+eft,cost-aware,heft,min-min"
+    #: objective to minimise (see the module docstring) and the weight of cost on top of it
+    objective: str = "mean_jct"
+    cost_weight: float = 0.0
+    #: model size
+    hidden: int = 32
+    layers: int = 3
+    #: imitation iterations (one simulated stream per setting each) and curriculum of DAG runs
+    iters: int = 24
+    runs_start: int = 10
+    runs_end: int = 40
+    #: DAgger: probability the teacher drives the stream, from 1.0 down to ``beta_final``
+    beta_final: float = 0.2
+    #: optimisation
+    epochs: int = 2
+    batch_requests: int = 32
+    lr: float = 3e-3
+    ent_coef: float = 0.01
+    #: keep at most this many recorded requests (oldest dropped)
+    buffer: int = 30_000
+    #: evaluation: DAG runs per stream and streams per setting (seeds eval_seed, eval_seed+1, ...)
+    eval_runs: int = 60
+    eval_streams: int = 2
+    eval_seed: int = 10_000
+    #: seed of everything else
+    seed: int = 1
+    #: torch threads
+    threads: int = 2
+    #: where the checkpoint and log.jsonl go
+    out: str = "runs/gnn"
+    #: stop the imitation loop after this many seconds (0 = no limit)
+    time_limit_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if not 0.0 <= self.beta_final <= 1.0:
+            raise ValueError(f"beta_final must be in [0, 1], got {self.beta_final!r}")
+        for name in ("iters", "runs_start", "runs_end", "epochs", "batch_requests", "eval_runs", "eval_streams"):
+            if getattr(self, name) < (0 if name == "iters" else 1):
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for f in dataclasses.fields(Args):
+        default = f.default
+        flag = "--" + f.name.replace("_", "-")
+        parser.add_argument(flag, type=type(default), default=default, dest=f.name,
+                            help=f"(default: {default!r})")
+
+
+# --- the pieces --------------------------------------------------------------------------------
+
+
+@dataclass
+class Setting:
+    """One training or evaluation setting: templates, and its teacher once chosen."""
+
+    name: str
+    templates: list[RunGraph]
+    teacher: str = ""
+    scores: dict[str, float] = field(default_factory=dict)
+
+
+def objective_value(row: dict[str, Any], args: Args, ref: dict[str, Any] | None = None) -> float:
+    """The configured objective of a summarised simulation (lower is better)."""
+    value = float(row[_METRIC[args.objective]])
+    if args.cost_weight and ref is not None:
+        value += args.cost_weight * float(row["cost"]) / max(float(ref["cost"]), 1e-9) * max(
+            float(ref[_METRIC[args.objective]]), 1e-9)
+    return value
+
+
+def make_stream(setting: Setting, catalogue: Catalogue, n_runs: int, seed: int, args: Args) -> list[Job]:
+    rng = np.random.default_rng([seed, 7])
+    return make_jobs(setting.templates, catalogue, n_runs, rng, ArrivalSpec(load=args.load))
+
+
+def simulate(catalogue: Catalogue, jobs: list[Job], placer: Placer, seed: int, args: Args) -> dict[str, Any]:
+    config = SimConfig(duration_noise=args.duration_noise)
+    result = Simulator(catalogue, jobs, placer, seed=seed, config=config).run()
+    return summarize(result, Bounds(jobs, catalogue))
+
+
+def teacher_steps(fb: FeatureBatch, decisions: Sequence[Decision]) -> list[Step] | None:
+    """A teacher's reply as decoding steps: its dispatch order, then stop for the held tasks."""
+    row_of = {(r.run_key, r.task_id): i for i, r in enumerate(fb.ready)}
+    pool_of = {p.name: j for j, p in enumerate(fb.pools)}
+    busy_anywhere = any(p.busy + p.queued > 0 for p in fb.pools)
+    rows = fb.order.copy()
+    placed = np.zeros(fb.num_pools)
+    steps: list[Step] = []
+    for d in decisions:
+        r = row_of.get((d.run_key, d.task_id))
+        j = pool_of.get(d.pool)
+        if r is None or j is None or r not in rows:
+            return None
+        steps.append(Step(placed.copy(), rows.copy(), (r, j), bool(busy_anywhere or placed.sum() > 0)))
+        placed[j] += 1
+        rows = rows[rows != r]
+    if len(rows):
+        steps.append(Step(placed.copy(), rows.copy(), None, True))
+    return steps
+
+
+class _Recorder:
+    """Drives a simulation with teacher or student while recording the teacher's steps."""
+
+    def __init__(self, teacher: Placer, student: GNNPlacer, use_teacher: bool) -> None:
+        self.teacher, self.student, self.use_teacher = teacher, student, use_teacher
+        self.samples: list[tuple[FeatureBatch, list[Step]]] = []
+        self.name, self.version = "recorder", "0"
+
+    def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
+        taught = self.teacher.place(request, graphs)
+        fb = featurize(request, graphs, pairs=False)
+        steps = teacher_steps(fb, taught)
+        if steps:
+            self.samples.append((fb, steps))
+        if self.use_teacher:
+            return taught
+        return self.student.place(request, graphs)
+
+
+def collect(setting: Setting, catalogue: Catalogue, student: GNNPlacer, use_teacher: bool, n_runs: int,
+            seed: int, args: Args) -> list[tuple[FeatureBatch, list[Step]]]:
+    """Simulate one stream of ``setting`` and return the teacher's steps at every decision point."""
+    jobs = make_stream(setting, catalogue, n_runs, seed, args)
+    rec = _Recorder(make_placer(setting.teacher, catalogue, seed), student, use_teacher)
+    student.clear_cache()
+    config = SimConfig(duration_noise=args.duration_noise)
+    Simulator(catalogue, jobs, rec, seed=seed, config=config).run()
+    return rec.samples
+
+
+@torch.no_grad()
+def imitation_nll(model: PlacementGNN, samples: Sequence[tuple[FeatureBatch, list[Step]]],
+                  batch_requests: int = 64) -> float:
+    """Mean negative log-likelihood of the recorded teacher steps under ``model``."""
+    model.eval()
+    total, count = 0.0, 0
+    for k in range(0, len(samples), batch_requests):
+        logp, _, _ = model.step_forward(collate_steps(samples[k : k + batch_requests]))
+        total += float(-logp.sum())
+        count += int(logp.shape[0])
+    return total / max(count, 1)
+
+
+def bc_update(model: PlacementGNN, opt: torch.optim.Optimizer, buffer: list[tuple[FeatureBatch, list[Step]]],
+              args: Args, rng: np.random.Generator) -> dict[str, float]:
+    """One pass of imitation over the buffer; returns mean loss, accuracy proxy and entropy."""
+    model.train()
+    losses, ents, nll = [], [], []
+    for _ in range(args.epochs):
+        perm = rng.permutation(len(buffer))
+        for k in range(0, len(perm), args.batch_requests):
+            batch = [buffer[i] for i in perm[k : k + args.batch_requests]]
+            st = collate_steps(batch)
+            logp, entropy, _ = model.step_forward(st)
+            loss = -logp.mean() - args.ent_coef * entropy.mean()
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            losses.append(float(loss.detach()))
+            nll.append(float(-logp.detach().mean()))
+            ents.append(float(entropy.detach().mean()))
+    model.eval()
+    return {"loss": float(np.mean(losses)), "nll": float(np.mean(nll)), "entropy": float(np.mean(ents)),
+            "step_acc": float(np.exp(-np.mean(nll)))}
+
+
+def evaluate(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catalogue, args: Args,
+             baselines: Sequence[str] = ()) -> dict[str, Any]:
+    """Objective of the greedy policy (and of ``baselines``) per setting, on fixed eval streams."""
+    out: dict[str, Any] = {}
+    for s in settings:
+        rows: dict[str, list[dict[str, Any]]] = {}
+        for k in range(args.eval_streams):
+            seed = args.eval_seed + k
+            jobs = make_stream(s, catalogue, args.eval_runs, seed, args)
+            placer = GNNPlacer(model, version="eval")
+            rows.setdefault("drl", []).append(simulate(catalogue, jobs, placer, seed, args))
+            for name in baselines:
+                rows.setdefault(name, []).append(simulate(catalogue, jobs, make_placer(name, catalogue, seed),
+                                                          seed, args))
+        out[s.name] = {
+            name: {m: float(np.mean([r[m] for r in rs])) for m in ("mean_jct_s", "p95_jct_s",
+                                                                    "sla_violation_rate", "cost")}
+            for name, rs in rows.items()
+        }
+    return out
+
+
+def choose_teachers(settings: Sequence[Setting], catalogue: Catalogue, args: Args) -> None:
+    names = [c.strip() for c in args.candidates.split(",") if c.strip()]
+    for s in settings:
+        if args.teacher != "auto":
+            s.teacher = args.teacher
+            continue
+        jobs = make_stream(s, catalogue, args.eval_runs, args.seed + 500, args)
+        rows = {n: simulate(catalogue, jobs, make_placer(n, catalogue, args.seed), args.seed + 500, args)
+                for n in names}
+        ref = rows[names[0]]
+        s.scores = {n: objective_value(r, args, ref) for n, r in rows.items()}
+        s.teacher = min(s.scores, key=lambda n: s.scores[n])
+        log.info("setting %s: teacher %s (%s)", s.name, s.teacher,
+                 ", ".join(f"{n} {v:.1f}" for n, v in sorted(s.scores.items(), key=lambda kv: kv[1])))
+
+
+def _settings(spec: str, seed: int) -> list[Setting]:
+    out = []
+    for item in [x.strip() for x in spec.split(";") if x.strip()]:
+        out.append(Setting(item, load_templates(item, np.random.default_rng([seed, 3]))))
+    return out
+
+
+# --- the loop ----------------------------------------------------------------------------------
+
+
+def train(args: Args) -> dict[str, Any]:
+    """Train, save the checkpoint into ``args.out`` and return the summary written there."""
+    t_start = time.perf_counter()
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    rng = np.random.default_rng(args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    logf = (out / "log.jsonl").open("w")
+
+    def record(global_step: int, **scalars: float) -> None:
+        logf.write(json.dumps({"global_step": global_step, **scalars}) + "\n")
+        logf.flush()
+
+    catalogue = load_catalogue(args.pools)
+    settings = _settings(args.workflows, args.seed)
+    heldout = _settings(args.heldout, args.seed + 1) if args.heldout else []
+    choose_teachers(settings, catalogue, args)
+    model = PlacementGNN(ModelConfig(hidden=args.hidden, layers=args.layers))
+    student = GNNPlacer(model, version="training", seed=args.seed)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    buffer: list[tuple[FeatureBatch, list[Step]]] = []
+    global_step = 0
+    try:
+        from tqdm import tqdm
+
+        bar: Any = tqdm(range(args.iters), desc="imitation", disable=None)
+    except ImportError:  # tqdm is optional
+        bar = range(args.iters)
+    for it in bar:
+        if args.time_limit_s and time.perf_counter() - t_start > args.time_limit_s:
+            log.info("time limit reached after %d iterations", it)
+            break
+        frac = it / max(args.iters - 1, 1)
+        beta = 1.0 - (1.0 - args.beta_final) * frac
+        n_runs = int(round(args.runs_start + (args.runs_end - args.runs_start) * frac))
+        for k, s in enumerate(settings):
+            seed = args.seed * 1000 + it * 17 + k
+            samples = collect(s, catalogue, student, bool(rng.random() < beta), n_runs, seed, args)
+            buffer.extend(samples)
+            global_step += sum(len(st) for _, st in samples)
+        del buffer[: max(0, len(buffer) - args.buffer)]
+        stats = bc_update(model, opt, buffer, args, rng)
+        student.clear_cache()
+        record(global_step, **{f"losses/{k}": v for k, v in stats.items()}, **{"charts/beta": beta,
+               "charts/runs": n_runs, "charts/buffer": len(buffer), "charts/iter": it})
+        if hasattr(bar, "set_postfix"):
+            bar.set_postfix(loss=f"{stats['loss']:.3f}", acc=f"{stats['step_acc']:.2f}", beta=f"{beta:.2f}")
+    train_s = time.perf_counter() - t_start
+
+    student.clear_cache()
+
+    evaluation = {
+        "train": evaluate(model, settings, catalogue, args,
+                          baselines=[*sorted({s.teacher for s in settings}), "random"]),
+        "heldout": evaluate(model, heldout, catalogue, args, baselines=["srpt+eft", "random"]),
+    }
+    for part in evaluation.values():
+        for name, res in part.items():
+            for pol, m in res.items():
+                record(global_step, **{f"eval/{name}/{pol}/{k}": v for k, v in m.items()})
+    wall = time.perf_counter() - t_start
+    training = {**dataclasses.asdict(args), "teachers": {s.name: s.teacher for s in settings},
+                "teacher_scores": {s.name: s.scores for s in settings}, "train_wall_s": round(train_s, 1),
+                "total_wall_s": round(wall, 1), "machine": f"{torch.get_num_threads()} torch threads, CPU",
+                "command": "drl-trainer train " + " ".join(_flags(args))}
+    save_checkpoint(model, out, training=training, evaluation=evaluation)
+    logf.close()
+    summary = {"training": training, "evaluation": evaluation}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _flags(args: Args) -> list[str]:
+    default = Args()
+    out = []
+    for f in dataclasses.fields(Args):
+        v = getattr(args, f.name)
+        if v != getattr(default, f.name):
+            out.append(f"--{f.name.replace('_', '-')} {v}")
+    return out
+
+
+def _table(evaluation: dict[str, Any], args: Args) -> str:
+    metric = _METRIC[args.objective]
+    lines = []
+    for part, res in evaluation.items():
+        for name, pols in res.items():
+            ref = min((v[metric] for k, v in pols.items() if k != "drl"), default=math.nan)
+            cells = ", ".join(f"{k} {v[metric]:.1f}" for k, v in pols.items())
+            lines.append(f"{part:8s} {name:12s} {metric}: {cells} | drl / best baseline = "
+                         f"{pols['drl'][metric] / ref:.3f}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    a = Args(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Args)})
+    summary = train(a)
+    print(_table(summary["evaluation"], a))
+    t = summary["training"]
+    print(f"trained in {t['train_wall_s']:.0f} s (total {t['total_wall_s']:.0f} s); checkpoint in {a.out}")
+    return 0
