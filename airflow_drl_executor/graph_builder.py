@@ -115,7 +115,7 @@ class GraphBuilder:
         cached = self._graphs.get(cache_key)
         if cached is not None and now - cached[0] < self.history_ttl_s:
             return cached[1]
-        structure = self._structure(inst.dag_version_id, session)
+        structure = self.structure(inst.dag_version_id, session)
         durations = self._durations(inst.dag_id, session)
         nodes = tuple(
             task_node(tid, hints, queue, weight,
@@ -128,7 +128,8 @@ class GraphBuilder:
         self._graphs[cache_key] = (now, graph)
         return graph
 
-    def _structure(self, version_id: str, session: Session) -> _Structure:
+    def structure(self, version_id: str, session: Session) -> _Structure:
+        """Task ids (sorted), dependency edges, hints, queues and weights of one DAG version."""
         hit = self._structures.get(version_id)
         if hit is not None:
             return hit
