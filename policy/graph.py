@@ -6,8 +6,8 @@ so per-decision work is a lookup. Pure Python: the executor uses it for its fall
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from policy.errors import SchemaError
 from policy.schema import RunGraph
