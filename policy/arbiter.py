@@ -12,8 +12,12 @@ Three duties, in this order (the execution layer of the source design, issue 5):
    a temperature over its *feasible* pools: ``temperature == 0`` (the production default) is
    greedy, ~1.0 is for exploration while training.
 3. **Hard constraints.** Every decision must name a known pool that is up and can hold the task
-   (resources, explicit pinning). A decision that breaks them, a missing decision, or a placer
-   that raises is replaced by the fallback heuristic's decision, with the reason saying why.
+   (resources, explicit pinning). A decision that breaks them, or a placer that raises, is
+   replaced by the fallback heuristic's decision, with the reason saying why.
+
+A ready task the placer gives no decision for *waits* (late binding, as in the simulator and in
+Decima): the reply leaves it out, the executor keeps it back and offers it again with its next
+request, when a better pool may be free. The executor bounds how long a task may wait.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from policy.schema import Decision, PlacementRequest, PoolState, RunGraph
 log = logging.getLogger(__name__)
 
 #: Fallback reasons counted in metrics.
-FALLBACK_REASONS = ("load_skew", "infeasible", "missing", "placer_error")
+FALLBACK_REASONS = ("load_skew", "infeasible", "placer_error")
 
 
 @runtime_checkable
@@ -141,7 +145,7 @@ class Arbiter:
     def decide(
         self, placer: Placer, request: PlacementRequest, graphs: Mapping[str, RunGraph]
     ) -> list[Decision]:
-        """One decision per ready task of ``request``, in ``request.ready`` order."""
+        """A decision per ready task the placer placed, in ``request.ready`` order; the others wait."""
         if not request.ready:
             return []
         tripped = self._breaker(request, graphs)
@@ -221,19 +225,16 @@ class Arbiter:
         for i, ready in enumerate(request.ready):
             d = by_key.get(ready.key)
             if d is None:
-                redo[i] = f"arbiter: {placer.name} gave no decision"
-                self.on_fallback("missing", 1)
-                out.append(d)  # type: ignore[arg-type]  # replaced below
-                continue
+                continue  # the placer chose to wait for a better pool
             why = violation(d, request, graphs.get(ready.run_key))
             if why is not None:
-                redo[i] = f"arbiter: {placer.name} chose {d.pool}, but {why}"
+                redo[len(out)] = f"arbiter: {placer.name} chose {d.pool}, but {why}"
                 self.on_fallback("infeasible", 1)
             out.append(d)
         if redo:
             fb = {(d.run_key, d.task_id): d for d in self.fallback.place(request, graphs)}
             for i, note in redo.items():
-                alt = fb[request.ready[i].key]
+                alt = fb[(out[i].run_key, out[i].task_id)]
                 out[i] = _with_reason(alt, f"{note}; {self.fallback.name}: {alt.reason}")
         return out
 

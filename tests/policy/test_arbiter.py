@@ -91,13 +91,12 @@ def test_nothing_fits_keeps_a_live_choice() -> None:
     assert out[0].pool == "gpu" and not seen
 
 
-def test_missing_decisions_and_failing_placer_fall_back() -> None:
+def test_no_decision_means_wait_and_a_failing_placer_falls_back() -> None:
     a, seen = arbiter()
-    out = a.decide(Fixed(None), req("light"), {"r": GRAPH})
-    assert "gave no decision" in out[0].reason
+    assert a.decide(Fixed(None), req("light"), {"r": GRAPH}) == []  # late binding: the task waits
     out = a.decide(Fixed("big", fail=True), req("light", "heavy"), {"r": GRAPH})
     assert len(out) == 2 and all("fixed failed (RuntimeError: boom)" in d.reason for d in out)
-    assert seen == {"missing": 1, "placer_error": 2}
+    assert seen == {"placer_error": 2}
 
 
 def test_greedy_by_default_and_seeded_sampling_with_temperature() -> None:
