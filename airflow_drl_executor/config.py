@@ -50,6 +50,12 @@ OPTIONS: dict[str, tuple[str, str | None, str]] = {
         "30",
         "Upper bound of the exponential back-off between Redis reconnection attempts.",
     ),
+    "max_wait_s": (
+        "float",
+        "60",
+        "Longest time a task may be kept back when the policy chooses to wait for a better pool "
+        "(late binding); after it, the fallback heuristic places the task.",
+    ),
     "default_duration_s": (
         "float",
         "60",
@@ -82,6 +88,7 @@ class ExecutorConfig:
     decision_timeout_ms: int = 200
     server_stale_after_s: int = 15
     reconnect_backoff_max_s: int = 30
+    max_wait_s: float = 60.0
     default_duration_s: float = 60.0
     history_ttl_s: int = 300
     record_traces: bool = True
@@ -96,6 +103,8 @@ class ExecutorConfig:
             raise ValueError(f"[{SECTION}] decision_timeout_ms must be in 1..10000, got {self.decision_timeout_ms}")
         if self.server_stale_after_s <= 0 or self.reconnect_backoff_max_s <= 0:
             raise ValueError(f"[{SECTION}] server_stale_after_s and reconnect_backoff_max_s must be > 0")
+        if self.max_wait_s < 0:
+            raise ValueError(f"[{SECTION}] max_wait_s must be >= 0, got {self.max_wait_s}")
         if self.default_duration_s <= 0:
             raise ValueError(f"[{SECTION}] default_duration_s must be > 0, got {self.default_duration_s}")
         if self.history_ttl_s < 0:

@@ -9,6 +9,11 @@ within ``decision_timeout_ms`` the executor places the batch itself with the
 :class:`~policy.placement.EarliestFinishPlacer` and marks each decision as a fallback, with the
 reason. No policy failure ever fails a task or stalls the scheduler loop past that deadline.
 
+A reply may leave a ready task out: the policy chose to *wait* for a better pool (late binding,
+as in the simulator it was trained in). The executor then keeps that workload back (it stays in
+the executor's queue and is offered again at the next heartbeat) for at most ``max_wait_s``;
+after that it is placed by the fallback heuristic, and the reason says so.
+
 The module stays light (no torch, no Redis connection at import); options are read once in
 ``__init__`` from ``[drl_executor]``.
 """
@@ -20,6 +25,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.celery.executors.celery_executor import CeleryExecutor
@@ -32,7 +38,7 @@ from airflow_drl_executor.graph_builder import GraphBuilder, ReadyInstance
 from policy.catalogue import Catalogue, load_catalogue
 from policy.errors import PolicyError
 from policy.placement import EarliestFinishPlacer
-from policy.schema import Decision, PlacementRequest, PoolState, RunGraph
+from policy.schema import Decision, PlacementRequest, PoolState, ReadyTask, RunGraph
 
 if TYPE_CHECKING:
     from airflow.executors import workloads
@@ -57,6 +63,7 @@ class DRLExecutor(CeleryExecutor):
         )
         self._client: PlacementClient | None = None
         self._pool_of: dict[Any, str] = {}
+        self._held_since: dict[Any, float] = {}
         self._traces_ready = False
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -95,8 +102,11 @@ class DRLExecutor(CeleryExecutor):
         tasks = [w for w in workload_items if isinstance(w, ExecuteTask)]
         records: list[tuple[Any, traces.PlacementRecord]] = []
         if tasks:
-            records = self._place(tasks)
-        super()._process_workloads(workload_items)
+            records, held = self._place(tasks)
+            if held:
+                workload_items = [w for w in workload_items if id(w) not in held]
+        if workload_items:
+            super()._process_workloads(workload_items)
         if records and self.drl_config.record_traces:
             self._record(records)
 
@@ -108,7 +118,8 @@ class DRLExecutor(CeleryExecutor):
         busy = Counter(pool for key, pool in self._pool_of.items() if key in self.running)
         return tuple(spec.state(busy=busy.get(spec.name, 0)) for spec in self.catalogue.pools)
 
-    def _place(self, tasks: Sequence[Any]) -> list[tuple[Any, traces.PlacementRecord]]:
+    def _place(self, tasks: Sequence[Any]) -> tuple[list[tuple[Any, traces.PlacementRecord]], set[int]]:
+        """Place ``tasks``: their trace records, and the ``id()`` of the workloads held back to wait."""
         from airflow.utils.session import create_session
 
         started = time.perf_counter()
@@ -144,10 +155,26 @@ class DRLExecutor(CeleryExecutor):
         decision_ms = (time.perf_counter() - started) * 1000.0
 
         records = []
+        held: set[int] = set()
+        now = time.monotonic()
+        if len(self._held_since) > len(tasks):  # forget tasks no longer queued here
+            queued = set(self.queued_tasks)
+            self._held_since = {k: t for k, t in self._held_since.items() if k in queued}
+        placed = []
         for inst, w in zip(ready, tasks, strict=True):
-            decision = decisions[(inst.run_key, inst.task_id)]
-            w.ti.queue = decision.pool
             key = self._key(w)
+            decision = decisions.get((inst.run_key, inst.task_id))
+            waited = now - self._held_since.get(key, now)
+            if decision is None:
+                if waited < self.drl_config.max_wait_s:
+                    self._held_since.setdefault(key, now)
+                    held.add(id(w))
+                    continue
+                decision = self._fallback_one(inst, pools, graphs,
+                                              f"waited {waited:.0f}s for a better pool, placing now")
+            self._held_since.pop(key, None)
+            placed.append(w)
+            w.ti.queue = decision.pool
             self._pool_of[key] = decision.pool
             graph = graphs.get(inst.run_key)
             features: dict[str, Any] = {}
@@ -160,22 +187,33 @@ class DRLExecutor(CeleryExecutor):
                 try_number=inst.try_number, pool=decision.pool, vm_class=decision.vm_class,
                 score=decision.score, reason=decision.reason, fallback=decision.fallback,
                 policy=policy, policy_version=version, request_id=request_id,
-                decision_ms=decision_ms, features=features,
+                decision_ms=decision_ms, features=features, waited_s=waited,
             )))
             self.log.info(
                 "placed %s/%s/%s try %d on %s (%s)%s: %s", inst.dag_id, inst.run_id, inst.task_id,
                 inst.try_number, decision.pool, decision.vm_class, " [fallback]" if decision.fallback else "",
                 decision.reason,
             )
-        self._set_queues(tasks)
-        return records
+        if held:
+            self.log.debug("DRLExecutor: request %s: %d task(s) wait for a better pool", request_id, len(held))
+        if placed:
+            self._set_queues(placed)
+        return records, held
+
+    def _fallback_one(self, inst: ReadyInstance, pools: tuple[PoolState, ...], graphs: Mapping[str, RunGraph],
+                      why: str) -> Decision:
+        sub = PlacementRequest(request_id="fallback", ready=(ReadyTask(inst.run_key, inst.task_id),), pools=pools)
+        (d,) = self.fallback_placer.place(sub, graphs)
+        return replace(d, reason=f"fallback ({why}): {d.reason}", fallback=True)
 
     def _decide(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]
                 ) -> tuple[dict[tuple[str, str], Decision], str, str]:
-        """Ask the server; fill whatever it did not (or could not) decide with the fallback."""
+        """Ask the server. Without an answer, or for a pool not in the catalogue, the fallback
+        decides; a task the server's answer leaves out waits (no entry in the result)."""
         assert self._client is not None, "DRLExecutor.start() was not called"
         decided: dict[tuple[str, str], Decision] = {}
-        policy, version, why = self.fallback_placer.name, self.fallback_placer.version, ""
+        policy, version = self.fallback_placer.name, self.fallback_placer.version
+        missing: list[ReadyTask] = []
         try:
             reply = self._client.place(request, graphs)
             policy, version = reply.policy, reply.policy_version
@@ -183,14 +221,12 @@ class DRLExecutor(CeleryExecutor):
             for d in reply.decisions:
                 if d.pool in names:
                     decided[(d.run_key, d.task_id)] = d
-                else:
-                    why = f"policy chose unknown pool {d.pool!r}"
+            unknown = {(d.run_key, d.task_id) for d in reply.decisions if d.pool not in names}
+            missing = [t for t in request.ready if t.key in unknown]
+            why = "policy chose a pool not in the catalogue"
         except PlacementUnavailable as exc:
-            why = exc.reason
-        missing = [t for t in request.ready if t.key not in decided]
+            missing, why = list(request.ready), exc.reason
         if missing:
-            if not why:
-                why = "policy server returned no decision for the task"
             self.log.warning("DRLExecutor: request %s: fallback for %d task(s): %s",
                              request.request_id, len(missing), why)
             sub = PlacementRequest(request_id=request.request_id, ready=tuple(missing), pools=request.pools,
@@ -240,8 +276,6 @@ class DRLExecutor(CeleryExecutor):
 
 
 def _with_celery_id(rec: traces.PlacementRecord, celery_id: str) -> traces.PlacementRecord:
-    from dataclasses import replace
-
     return replace(rec, celery_id=celery_id)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from policy.errors import SchemaError
@@ -104,6 +104,12 @@ class GraphBuilder:
             if key not in tasks:  # mapped instances share one node
                 tasks[key] = ReadyTask(run_key=inst.run_key, task_id=inst.task_id, try_number=inst.try_number)
         progress = self._progress({(i.dag_id, i.run_id) for i in ready}, session)
+        # The ready tasks are "queued" in the database but not dispatched yet: not running.
+        waiting: dict[str, set[str]] = {}
+        for run_key, task_id in tasks:
+            waiting.setdefault(run_key, set()).add(task_id)
+        progress = [replace(p, running=tuple(t for t in p.running if t not in waiting.get(p.run_key, ())))
+                    for p in progress]
         self._evict(set(graphs))
         return graphs, progress, list(tasks.values())
 

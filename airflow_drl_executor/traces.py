@@ -54,6 +54,7 @@ placements = Table(
     Column("policy_version", String(100), nullable=False),
     Column("request_id", String(64), nullable=False),
     Column("decision_ms", Float, nullable=False),
+    Column("waited_s", Float, nullable=False, default=0.0),
     Column("celery_id", String(64), nullable=True),
     Column("features", Text, nullable=False),
     Column("decided_at", DateTime(timezone=True), nullable=False),
@@ -81,6 +82,8 @@ class PlacementRecord:
     decision_ms: float
     features: dict[str, Any]
     celery_id: str | None = None
+    #: how long the policy kept the task back, waiting for a better pool
+    waited_s: float = 0.0
 
     def row(self, decided_at: dt.datetime) -> dict[str, Any]:
         return {
@@ -89,6 +92,7 @@ class PlacementRecord:
             "vm_class": self.vm_class, "score": self.score, "reason": self.reason[:2000],
             "fallback": self.fallback, "policy": self.policy, "policy_version": self.policy_version,
             "request_id": self.request_id, "decision_ms": self.decision_ms, "celery_id": self.celery_id,
+            "waited_s": self.waited_s,
             "features": json.dumps(self.features, sort_keys=True), "decided_at": decided_at,
         }
 
@@ -110,7 +114,7 @@ def outcomes_query(limit: int = 500) -> Any:
     return text(
         """
         SELECT p.dag_id, p.run_id, p.task_id, p.map_index, p.try_number, p.pool, p.vm_class,
-               p.score, p.reason, p.fallback, p.policy, p.policy_version, p.decision_ms,
+               p.score, p.reason, p.fallback, p.policy, p.policy_version, p.decision_ms, p.waited_s,
                p.celery_id, p.decided_at,
                COALESCE(h.start_date, t.start_date) AS start_date,
                COALESCE(h.end_date, t.end_date) AS end_date,

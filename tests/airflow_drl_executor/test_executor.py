@@ -1,0 +1,96 @@
+"""DRLExecutor's placement step, with the policy client and the metadata DB faked out."""
+
+from __future__ import annotations
+
+import types
+import uuid
+from collections.abc import Callable
+
+import pytest
+
+from airflow_drl_executor import executor as executor_mod
+from airflow_drl_executor.client import PlacementUnavailable
+from airflow_drl_executor.executor import DRLExecutor
+from policy.schema import Decision, PlacementReply, PlacementRequest, ReadyTask, RunGraph, TaskNode
+
+RUN = "etl/run1"
+GRAPH = RunGraph(RUN, (TaskNode("a", duration_s=10), TaskNode("b", duration_s=10, gpus=1, kind="gpu_train")), ())
+
+
+class FakeClient:
+    def __init__(self, answer: Callable[[PlacementRequest], PlacementReply]) -> None:
+        self.answer = answer
+        self.requests: list[PlacementRequest] = []
+
+    def place(self, request: PlacementRequest, graphs: object) -> PlacementReply:
+        self.requests.append(request)
+        return self.answer(request)
+
+    def close(self) -> None:
+        pass
+
+
+def _workload(task_id: str) -> types.SimpleNamespace:
+    ti = types.SimpleNamespace(id=uuid.uuid4(), dag_id="etl", run_id="run1", task_id=task_id, try_number=1,
+                               dag_version_id=uuid.uuid4(), map_index=-1, queue="default",
+                               key=("etl", task_id, "run1", 1, -1))
+    return types.SimpleNamespace(ti=ti)
+
+
+@pytest.fixture
+def executor(monkeypatch: pytest.MonkeyPatch) -> DRLExecutor:
+    ex = DRLExecutor()
+    def build(ready, session):
+        return {RUN: GRAPH}, [], [ReadyTask(RUN, r.task_id) for r in ready]
+    monkeypatch.setattr(ex.graph_builder, "build", build)
+    monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
+    return ex
+
+
+def _reply(pool_of: dict[str, str]) -> Callable[[PlacementRequest], PlacementReply]:
+    def answer(req: PlacementRequest) -> PlacementReply:
+        return PlacementReply(req.request_id, tuple(
+            Decision(t.run_key, t.task_id, pool_of[t.task_id], "vm", reason="policy")
+            for t in req.ready if t.task_id in pool_of), policy="gnn", policy_version="7")
+    return answer
+
+
+def test_policy_decisions_set_the_queue(executor: DRLExecutor) -> None:
+    executor._client = FakeClient(_reply({"a": "cpu-large", "b": "gpu"}))  # type: ignore[assignment]
+    a, b = _workload("a"), _workload("b")
+    records, held = executor._place([a, b])
+    assert not held and (a.ti.queue, b.ti.queue) == ("cpu-large", "gpu")
+    assert [(r.pool, r.fallback, r.policy_version) for _, r in records] == [("cpu-large", False, "7"), ("gpu", False, "7")]
+
+
+def test_a_task_the_policy_leaves_out_waits_then_falls_back(executor: DRLExecutor, monkeypatch) -> None:
+    executor._client = FakeClient(_reply({"a": "cpu-small"}))  # type: ignore[assignment]
+    a, b = _workload("a"), _workload("b")
+    executor.queued_tasks[b.ti.key] = b  # type: ignore[index]
+    clock = [1000.0]
+    monkeypatch.setattr(executor_mod.time, "monotonic", lambda: clock[0])
+    records, held = executor._place([a, b])
+    assert held == {id(b)} and [r.task_id for _, r in records] == ["a"]
+    assert b.ti.queue == "default", "a waiting task is not dispatched"
+    clock[0] += executor.drl_config.max_wait_s + 1
+    records, held = executor._place([b])
+    (rec,) = [r for _, r in records]
+    assert not held and rec.fallback and "waited" in rec.reason and rec.waited_s > executor.drl_config.max_wait_s
+    assert b.ti.queue == "gpu", "the fallback honours the GPU requirement"
+
+
+def test_no_answer_means_fallback_for_all_with_the_reason(executor: DRLExecutor) -> None:
+    def down(req: PlacementRequest) -> PlacementReply:
+        raise PlacementUnavailable("no reply within 200 ms")
+    executor._client = FakeClient(down)  # type: ignore[assignment]
+    records, held = executor._place([_workload("a"), _workload("b")])
+    assert not held and all(r.fallback and "no reply within 200 ms" in r.reason for _, r in records)
+
+
+def test_a_pool_outside_the_catalogue_is_replaced(executor: DRLExecutor) -> None:
+    executor._client = FakeClient(_reply({"a": "nowhere", "b": "gpu"}))  # type: ignore[assignment]
+    a, b = _workload("a"), _workload("b")
+    records, _ = executor._place([a, b])
+    by_task = {r.task_id: r for _, r in records}
+    assert by_task["a"].fallback and a.ti.queue in executor.catalogue.names
+    assert not by_task["b"].fallback and b.ti.queue == "gpu"
