@@ -26,7 +26,7 @@ def test_recorded_runs_export_as_replay(stack: Stack, api: Api, tmp_path) -> Non
     assert api.wait_run(DAG, run_id, timeout=240) == "success"
     catalogue = load_catalogue(stack.catalogue)
     engine = create_engine(stack.sql_conn)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     with Session(engine) as session:
         runs = export_runs(session, catalogue, since=now - dt.timedelta(hours=1), until=now)
         excluded = export_runs(session, catalogue, since=now - dt.timedelta(hours=1), until=now,
