@@ -222,7 +222,7 @@ class Arbiter:
         by_key = {(d.run_key, d.task_id): d for d in proposed}
         out: list[Decision] = []
         redo: dict[int, str] = {}
-        for i, ready in enumerate(request.ready):
+        for ready in request.ready:
             d = by_key.get(ready.key)
             if d is None:
                 continue  # the placer chose to wait for a better pool
