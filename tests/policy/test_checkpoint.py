@@ -95,3 +95,35 @@ def test_missing_and_garbage_manifests(tmp_path: Path) -> None:
     (tmp_path / MANIFEST_FILE).write_text(json.dumps({"format": "something-else"}))
     with pytest.raises(CheckpointError, match="format"):
         read_manifest(tmp_path)
+
+
+# --- the committed default checkpoint (must-show, issue 4) --------------------------------------
+
+
+def test_default_checkpoint_loads_and_matches_its_manifest() -> None:
+    manifest = read_manifest(DEFAULT)
+    assert manifest["feature_schema"] == feature_schema()
+    assert (DEFAULT / WEIGHTS_FILE).stat().st_size < 5 * 1024 * 1024
+    loaded = load_checkpoint(DEFAULT)
+    assert {k: list(v.shape) for k, v in loaded.model.state_dict().items()} == manifest["parameters"]
+    assert loaded.version == manifest["version"]
+    assert manifest["training"]["command"].startswith("drl-trainer train")
+    assert "heldout" in manifest["evaluation"]
+
+
+def test_default_checkpoint_refuses_tampering(tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "default"
+    shutil.copytree(DEFAULT, copy)
+    blob = bytearray((copy / WEIGHTS_FILE).read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    (copy / WEIGHTS_FILE).write_bytes(bytes(blob))
+    with pytest.raises(CheckpointError, match="sha256"):
+        load_checkpoint(copy)
+    shutil.copy(DEFAULT / WEIGHTS_FILE, copy / WEIGHTS_FILE)
+    manifest = json.loads((copy / MANIFEST_FILE).read_text())
+    manifest["feature_schema"]["task"] = manifest["feature_schema"]["task"][::-1]
+    (copy / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="task features"):
+        load_checkpoint(copy)
