@@ -271,9 +271,13 @@ def pair_static(tasks: Sequence[TaskNode], pools: Sequence[PoolState]) -> PairSt
     )
 
 
-def pair_rows(ps: PairStatic, rows: np.ndarray, placed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``([r, P, F_PAIR] features, [r, P] mask)`` of ``rows`` given ``placed[j]`` tasks already
-    sent to pool ``j`` in this batch.
+#: pair feature columns that depend on the tasks already placed in the batch (see pair_dynamic)
+DYNAMIC_PAIR_COLUMNS = (3, 4, 5, 9, 10)
+
+
+def pair_dynamic(ps: PairStatic, rows: np.ndarray, placed: np.ndarray) -> np.ndarray:
+    """``[r, P, 5]``: the :data:`DYNAMIC_PAIR_COLUMNS` of :func:`pair_rows` (wait, finish, finish
+    ratio, free slot, backlog) given ``placed[j]`` tasks already sent to pool ``j`` in this batch.
 
     The wait estimate is :class:`~policy.placement.EarliestFinishPlacer`'s: zero while the pool
     has a free slot, else the backlog beyond the slots per slot times this task's run time; a
@@ -285,23 +289,31 @@ def pair_rows(ps: PairStatic, rows: np.ndarray, placed: np.ndarray) -> tuple[np.
     wait_s = np.where(backlog < slots, 0.0, (backlog - slots + 1) / np.maximum(slots, 1.0) * run_s)
     wait_s = np.where(slots == 0, wait_s + run_s, wait_s)
     finish = wait_s + run_s
-    ref = ps.ref[rows]
-    best_finish = np.maximum(np.where(ref, finish, np.inf).min(axis=1, keepdims=True), 1e-6)
+    best_finish = np.maximum(np.where(ps.ref[rows], finish, np.inf).min(axis=1, keepdims=True), 1e-6)
+    d = np.empty((*run_s.shape, len(DYNAMIC_PAIR_COLUMNS)), dtype=np.float32)
+    d[..., 0] = np.log1p(wait_s) / _LOG
+    d[..., 1] = np.log1p(finish) / _LOG
+    d[..., 2] = np.minimum(np.log(np.maximum(finish, 1e-6) / best_finish), 3.0)
+    d[..., 3] = np.broadcast_to(backlog < slots, run_s.shape)
+    d[..., 4] = np.broadcast_to(np.minimum(backlog / np.maximum(slots, 1.0), 10.0), run_s.shape)
+    return d
+
+
+def pair_rows(ps: PairStatic, rows: np.ndarray, placed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``([r, P, F_PAIR] features, [r, P] mask)`` of ``rows`` given ``placed[j]`` tasks already
+    sent to pool ``j`` in this batch (the dynamic columns come from :func:`pair_dynamic`)."""
+    run_s = ps.run_s[rows]  # [r, P]
     cost = ps.cost[rows]
     x = np.empty((*run_s.shape, F_PAIR), dtype=np.float32)
     x[..., 0] = np.log(np.maximum(ps.speed[rows], 1e-3))
     x[..., 1] = np.log(ps.affinity[rows])
     x[..., 2] = np.log1p(run_s) / _LOG
-    x[..., 3] = np.log1p(wait_s) / _LOG
-    x[..., 4] = np.log1p(finish) / _LOG
-    x[..., 5] = np.minimum(np.log(np.maximum(finish, 1e-6) / best_finish), 3.0)
     x[..., 6] = np.minimum(np.log(np.maximum(run_s, 1e-6) / ps.best_run[rows, None]), 3.0)
     x[..., 7] = np.log1p(cost * 100.0) / 4
     x[..., 8] = np.minimum(np.log((cost + 1e-4) / (ps.best_cost[rows, None] + 1e-4)), 3.0)
-    x[..., 9] = np.broadcast_to(backlog < slots, run_s.shape)
-    x[..., 10] = np.broadcast_to(np.minimum(backlog / np.maximum(slots, 1.0), 10.0), run_s.shape)
     x[..., 11] = ps.pinned[rows]
     x[..., 12] = ps.mask[rows]
+    x[..., DYNAMIC_PAIR_COLUMNS] = pair_dynamic(ps, rows, placed)
     return x, ps.mask[rows]
 
 

@@ -44,10 +44,12 @@ from torch import Tensor
 
 from policy.checkpoint import Checkpoint, load_checkpoint
 from policy.features import (
+    DYNAMIC_PAIR_COLUMNS,
     PAIR_FEATURES,
     TASK_FEATURES,
     FeatureBatch,
     featurize,
+    pair_dynamic,
     pair_rows,
 )
 from policy.model import NEG_INF, PlacementGNN, Step
@@ -186,12 +188,20 @@ class GNNPlacer:
         rows = fb.order.copy()
         placed = np.zeros(num_pools, dtype=np.float64)
         total_logp = 0.0
+        # The static pair columns and their share of the first head layer are computed once; a
+        # step only recomputes the few columns that depend on the backlog placed so far.
+        dyn = list(DYNAMIC_PAIR_COLUMNS)
+        x_all, m_all = pair_rows(fb.pairs, np.arange(n), placed)  # [R, P, F]
+        c_dyn = wt["c_t"][dyn]  # [5, H]
+        static_x = x_all.copy()
+        static_x[..., dyn] = 0.0
+        pre = a_np[:, None, :] + b_np[None] + static_x @ wt["c_t"]  # [R, P, H]
+        keep_all = m_all | ~m_all.any(axis=1, keepdims=True)
         while len(rows):
-            x, m = pair_rows(fb.pairs, rows, placed)  # [r, P, F]
-            keep = m | ~m.any(axis=1, keepdims=True)
-            z = np.maximum(a_np[rows][:, None, :] + b_np[None] + x @ wt["c_t"], 0.0)  # [r, P, H]
+            d = pair_dynamic(fb.pairs, rows, placed)  # [r, P, 5]
+            z = np.maximum(pre[rows] + d @ c_dyn, 0.0)  # [r, P, H]
             logits = (z @ wt["w"] + wt["b"]).astype(np.float64)
-            logits[~keep] = NEG_INF
+            logits[~keep_all[rows]] = NEG_INF
             stop_ok = self.allow_wait and (busy_anywhere or placed.sum() > 0)
             hidden = np.maximum(np.concatenate([a_np[rows].mean(axis=0), g_np]) @ wt["s0_w"] + wt["s0_b"], 0.0)
             stop = float(hidden @ wt["s2_w"] + wt["s2_b"][0]) if stop_ok else NEG_INF
@@ -208,16 +218,20 @@ class GNNPlacer:
                 steps.append(Step(placed.copy(), rows.copy(), None, stop_ok))
                 for k, r in enumerate(rows):
                     probs[r] = _softmax(logits[k])
-                    fb.pair_x[r], fb.mask[r] = x[k], m[k]
+                    x = x_all[r].copy()
+                    x[:, dyn] = d[k]
+                    fb.pair_x[r], fb.mask[r] = x, m_all[r]
                 break
             k, pool = divmod(choice, num_pools)
             r = int(rows[k])
             steps.append(Step(placed.copy(), rows.copy(), (r, pool), stop_ok))
             actions[r] = pool
             probs[r] = _softmax(logits[k])
+            x = x_all[r].copy()
+            x[:, dyn] = d[k]
             # d logit[p] / d x[p] = C^T (w * 1[z[p] > 0]): exact, and nearly free here.
-            contrib[r] = ((z[k] > 0) * wt["w"]) @ wt["c_t"].T * x[k]
-            fb.pair_x[r], fb.mask[r] = x[k], m[k]
+            contrib[r] = ((z[k] > 0) * wt["w"]) @ wt["c_t"].T * x
+            fb.pair_x[r], fb.mask[r] = x, m_all[r]
             placed[pool] += 1
             rows = np.delete(rows, k)
         return Decoded(fb, actions, steps, total_logp, probs, contrib)
