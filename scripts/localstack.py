@@ -131,6 +131,10 @@ class Stack:
             "AIRFLOW__DRL_EXECUTOR__REDIS_URL": f"{self.redis_url}/0",
             "AIRFLOW__DRL_EXECUTOR__CATALOGUE": str(self.catalogue),
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.state / "task-logs"),
+            # the nightly retraining DAG: where traces are read from and models promoted to
+            "AIRFLOW_CONN_DRL_TRACES": self.sql_conn.replace("postgresql+psycopg2://", "postgresql://"),
+            "DRL_REGISTRY_DIR": str(self.state / "registry"),
+            "DRL_TRACES_DIR": str(self.state / "traces"),
         })
         return env
 
@@ -273,10 +277,22 @@ class Stack:
         except OSError:
             return False
 
+    def registry(self) -> Path:
+        """The model registry folder; at first start it names the packaged default checkpoint."""
+        from policy.registry import MANIFEST, activate, checkpoint_sha256
+
+        root = self.state / "registry"
+        default = REPO / "policy" / "checkpoints" / "default"
+        if not (root / MANIFEST).exists() and (default / "manifest.json").exists():
+            activate(root, default, sha256=checkpoint_sha256(default), note="packaged default checkpoint")
+        root.mkdir(parents=True, exist_ok=True)
+        return root
+
     def start_policy_server(self) -> None:
         env = self.airflow_env()
         argv = [str(VENV_BIN / "drl-policy"), "serve", "--redis", f"{self.redis_url}/0", "--prefix", "drl",
-                "--catalogue", str(self.catalogue), "--metrics-port", str(self.ports.metrics)]
+                "--catalogue", str(self.catalogue), "--metrics-port", str(self.ports.metrics),
+                "--placer", "auto", "--registry", str(self.registry())]
         self.spawn("policy-server", argv, env)
         self.wait("policy-server", self._policy_alive, 60)
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from policy.catalogue import Catalogue, load_catalogue
-from trainer.baselines import expand, make_placer
+from trainer.baselines import LEARNED, expand, make_placer
 from trainer.metrics import Bounds, average, summarize
 from trainer.simulator import Job, SimConfig, SimResult, Simulator
 from trainer.workloads import ArrivalSpec, load_templates, make_jobs
@@ -46,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--load", type=float, default=0.85, help="offered work / nominal capacity")
     parser.add_argument("--arrival", choices=("poisson", "burst"), default="poisson")
     parser.add_argument("--dag-runs", type=int, default=200, help="DAG runs per simulation")
+    parser.add_argument("--checkpoint", default=None,
+                        help="checkpoint folder of the 'drl' policy (default: policy/checkpoints/default)")
     parser.add_argument("--seed", type=int, default=0, help="first seed")
     parser.add_argument("--seeds", type=int, default=1, help="number of seeds (seed, seed+1, ...)")
     parser.add_argument("--duration-noise", type=float, default=0.3, help="log-normal sigma of run times")
@@ -58,8 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _simulate(catalogue: Catalogue, jobs: list[Job], policy: str, seed: int, config: SimConfig,
-              bounds: Bounds, keep: bool) -> tuple[dict[str, Any], SimResult | None]:
-    placer = make_placer(policy, catalogue, seed)
+              bounds: Bounds, keep: bool, checkpoint: str | None = None
+              ) -> tuple[dict[str, Any], SimResult | None]:
+    placer = make_placer(policy, catalogue, seed, checkpoint)
     result = Simulator(catalogue, jobs, placer, seed=seed, config=config).run()
     row = summarize(result, bounds)
     row["policy"] = policy
@@ -87,7 +90,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             bounds = Bounds(jobs, catalogue)
             for policy in policies:
                 keep = bool(args.plots) and s == 0 and seed == seeds[0]
-                work.append(((s, seed, policy), (catalogue, jobs, policy, seed, config, bounds, keep)))
+                work.append(((s, seed, policy), (catalogue, jobs, policy, seed, config, bounds, keep,
+                                                 args.checkpoint)))
     t0 = time.perf_counter()
     done: dict[tuple[int, int, str], tuple[dict[str, Any], SimResult | None]] = {}
     if args.jobs > 1:
@@ -107,15 +111,20 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             row["seeds"] = len(seeds)
             row["events_per_s"] = row["events"] / row["wall_s"] if row["wall_s"] > 0 else 0.0
             results.append(row)
+    # The references are baselines only: the learned policy is measured against them.
+    baselines = [p for p in policies if p != LEARNED] or policies
     best = {}
     for spec in settings:
-        rows = [r for r in results if r["setting"] == spec]
+        rows = [r for r in results if r["setting"] == spec and r["policy"] in baselines]
         best[spec] = min(rows, key=lambda r: r["mean_jct_s"])["policy"]
     geo = {p: _geomean([r["mean_jct_s"] for r in results if r["policy"] == p]) for p in policies}
-    fixed = min(policies, key=lambda p: geo[p])
+    fixed = min(baselines, key=lambda p: geo[p])
+    by_key = {(r["setting"], r["policy"]): r for r in results}
     for r in results:
         r["per_setting_best"] = r["policy"] == best[r["setting"]]
         r["best_fixed"] = r["policy"] == fixed
+        r["mean_jct_over_per_setting_best"] = r["mean_jct_s"] / by_key[(r["setting"], best[r["setting"]])]["mean_jct_s"]
+        r["mean_jct_over_best_fixed"] = r["mean_jct_s"] / by_key[(r["setting"], fixed)]["mean_jct_s"]
     out = {
         "config": {
             "workflows": settings, "pools": str(args.pools), "policies": policies, "load": args.load,
@@ -146,7 +155,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 COLUMNS = (
-    ("mean_jct_s", "mean JCT s", "{:.0f}"), ("p95_jct_s", "p95 JCT s", "{:.0f}"),
+    ("mean_jct_s", "mean JCT s", "{:.0f}"), ("mean_jct_over_per_setting_best", "/best", "{:.3f}"),
+    ("mean_jct_over_best_fixed", "/fixed", "{:.3f}"), ("p95_jct_s", "p95 JCT s", "{:.0f}"),
     ("mean_slowdown", "slowdown", "{:.2f}"), ("mean_jct_over_lb", "JCT/LB", "{:.2f}"),
     ("mean_jct_over_stream_lb", "JCT/streamLB", "{:.2f}"), ("makespan_s", "makespan s", "{:.0f}"),
     ("cost", "cost $", "{:.1f}"), ("sla_violation_rate", "SLA viol.", "{:.1%}"),
@@ -182,6 +192,14 @@ def tables(out: dict[str, Any], markdown: bool = False) -> str:
     ref = out["references"]["best_fixed"]
     lines.append(f"\nbest fixed baseline: {ref['policy']} "
                  f"(geometric mean of mean JCT {ref['geomean_mean_jct_s']:.0f} s)")
+    learned = [r for r in out["results"] if r["policy"] == LEARNED]
+    if learned:
+        vs_fixed = _geomean([r["mean_jct_over_best_fixed"] for r in learned])
+        vs_best = _geomean([r["mean_jct_over_per_setting_best"] for r in learned])
+        worst = max(learned, key=lambda r: r["mean_jct_over_per_setting_best"])
+        lines.append(f"{LEARNED}: mean JCT / best fixed {vs_fixed:.3f} (geometric mean over settings), "
+                     f"/ per-setting best {vs_best:.3f}; worst setting {worst['setting']} "
+                     f"{worst['mean_jct_over_per_setting_best']:.3f}")
     return "\n".join(lines)
 
 

@@ -67,6 +67,9 @@ def test_fallback_when_the_policy_server_is_down(stack: Stack, api: Api) -> None
         assert row["reason"].startswith("fallback ("), row["reason"]
         assert ran_on_chosen_pool(row)
         assert row["decision_ms"] <= DEADLINE_S * 1000 + 100, row["decision_ms"]
-    for ti in tis:
-        waited = (ti["start_date"] - ti["queued_dttm"]).total_seconds()
-        assert waited <= DEADLINE_S + HEARTBEAT_S, f"{ti['task_id']} waited {waited:.1f}s in queued"
+    # From queued (scheduler) to sent to Celery (executor): the policy's share of the wait. What
+    # follows is the wait for a free worker slot of the chosen pool, which no placement avoids.
+    queued_at = {ti["task_id"]: ti["queued_dttm"] for ti in tis}
+    for row in rows:
+        waited = (row["decided_at"] - queued_at[row["task_id"]]).total_seconds()
+        assert waited <= DEADLINE_S + HEARTBEAT_S, f"{row['task_id']} waited {waited:.1f}s before dispatch"

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from policy.catalogue import Catalogue
 from policy.placement import EarliestFinishPlacer, Placer
 from trainer.baselines.planners import Cpop, Heft
@@ -30,8 +32,22 @@ BASELINES = SIMPLE + LIST_RULES
 SLOW = ("rollout",)
 
 
-def make_placer(name: str, catalogue: Catalogue | None = None, seed: int = 0) -> Placer:
-    """A fresh placer (placers keep per-simulation state: build one per simulation)."""
+#: The learned policy's name in ``--policies`` (not a baseline: never a reference).
+LEARNED = "drl"
+DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[2] / "policy" / "checkpoints" / "default"
+
+
+def make_placer(name: str, catalogue: Catalogue | None = None, seed: int = 0,
+                checkpoint: str | Path | None = None) -> Placer:
+    """A fresh placer (placers keep per-simulation state: build one per simulation).
+
+    ``drl`` is the GNN policy loaded from ``checkpoint`` (default: the committed default
+    checkpoint), greedy, on the CPU.
+    """
+    if name == LEARNED:
+        from policy.gnn import GNNPlacer
+
+        return GNNPlacer.from_checkpoint(checkpoint or DEFAULT_CHECKPOINT, device="cpu")
     if name == "random":
         return RandomPlacer(catalogue, seed)
     if name == "round-robin":
