@@ -41,7 +41,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
 OBJECTIVES = ("mean_jct", "p95_jct", "sla_violation_rate", "cost")
-_METRIC = {"mean_jct": "mean_jct_s", "p95_jct": "p95_jct_s", "sla_violation_rate": "sla_violation_rate",
+METRIC = {"mean_jct": "mean_jct_s", "p95_jct": "p95_jct_s", "sla_violation_rate": "sla_violation_rate",
            "cost": "cost"}
 
 
@@ -147,10 +147,10 @@ class Setting:
 
 def objective_value(row: dict[str, Any], args: Args, ref: dict[str, Any] | None = None) -> float:
     """The configured objective of a summarised simulation (lower is better)."""
-    value = float(row[_METRIC[args.objective]])
+    value = float(row[METRIC[args.objective]])
     if args.cost_weight and ref is not None:
         value += args.cost_weight * float(row["cost"]) / max(float(ref["cost"]), 1e-9) * max(
-            float(ref[_METRIC[args.objective]]), 1e-9)
+            float(ref[METRIC[args.objective]]), 1e-9)
     return value
 
 
@@ -291,7 +291,7 @@ def choose_teachers(settings: Sequence[Setting], catalogue: Catalogue, args: Arg
                  ", ".join(f"{n} {v:.1f}" for n, v in sorted(s.scores.items(), key=lambda kv: kv[1])))
 
 
-def _settings(spec: str, seed: int) -> list[Setting]:
+def settings_from(spec: str, seed: int) -> list[Setting]:
     out = []
     for item in [x.strip() for x in spec.split(";") if x.strip()]:
         out.append(Setting(item, load_templates(item, np.random.default_rng([seed, 3]))))
@@ -301,25 +301,10 @@ def _settings(spec: str, seed: int) -> list[Setting]:
 # --- the loop ----------------------------------------------------------------------------------
 
 
-def train(args: Args) -> dict[str, Any]:
-    """Train, save the checkpoint into ``args.out`` and return the summary written there."""
-    t_start = time.perf_counter()
-    torch.manual_seed(args.seed)
-    torch.set_num_threads(args.threads)
-    rng = np.random.default_rng(args.seed)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    logf = (out / "log.jsonl").open("w")
-
-    def record(global_step: int, **scalars: float) -> None:
-        logf.write(json.dumps({"global_step": global_step, **scalars}) + "\n")
-        logf.flush()
-
-    catalogue = load_catalogue(args.pools)
-    settings = _settings(args.workflows, args.seed)
-    heldout = _settings(args.heldout, args.seed + 1) if args.heldout else []
-    choose_teachers(settings, catalogue, args)
-    model = PlacementGNN(ModelConfig(hidden=args.hidden, layers=args.layers))
+def imitate(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catalogue, args: Args,
+            rng: np.random.Generator, record: Callable[..., None], t_start: float) -> tuple[int, float]:
+    """The DAgger imitation loop (see the module docstring) on ``model``, in place; the settings'
+    teachers must be chosen. Returns the number of recorded steps and the seconds since ``t_start``."""
     student = GNNPlacer(model, version="training", seed=args.seed)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     buffer: list[tuple[FeatureBatch, list[Step]]] = []
@@ -349,10 +334,29 @@ def train(args: Args) -> dict[str, Any]:
                "charts/runs": n_runs, "charts/buffer": len(buffer), "charts/iter": it})
         if hasattr(bar, "set_postfix"):
             bar.set_postfix(loss=f"{stats['loss']:.3f}", acc=f"{stats['step_acc']:.2f}", beta=f"{beta:.2f}")
-    train_s = time.perf_counter() - t_start
+    return global_step, time.perf_counter() - t_start
 
-    student.clear_cache()
 
+def train(args: Args) -> dict[str, Any]:
+    """Train, save the checkpoint into ``args.out`` and return the summary written there."""
+    t_start = time.perf_counter()
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    rng = np.random.default_rng(args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    logf = (out / "log.jsonl").open("w")
+
+    def record(global_step: int, **scalars: float) -> None:
+        logf.write(json.dumps({"global_step": global_step, **scalars}) + "\n")
+        logf.flush()
+
+    catalogue = load_catalogue(args.pools)
+    settings = settings_from(args.workflows, args.seed)
+    heldout = settings_from(args.heldout, args.seed + 1) if args.heldout else []
+    choose_teachers(settings, catalogue, args)
+    model = PlacementGNN(ModelConfig(hidden=args.hidden, layers=args.layers))
+    global_step, train_s = imitate(model, settings, catalogue, args, rng, record, t_start)
     evaluation = {
         "train": evaluate(model, settings, catalogue, args,
                           baselines=[*sorted({s.teacher for s in settings}), "random"]),
@@ -385,7 +389,7 @@ def _flags(args: Args) -> list[str]:
 
 
 def _table(evaluation: dict[str, Any], args: Args) -> str:
-    metric = _METRIC[args.objective]
+    metric = METRIC[args.objective]
     lines = []
     for part, res in evaluation.items():
         for name, pols in res.items():

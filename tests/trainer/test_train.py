@@ -13,7 +13,7 @@ from policy.catalogue import load_catalogue
 from policy.gnn import GNNPlacer
 from policy.model import ModelConfig, PlacementGNN
 from trainer.baselines import make_placer
-from trainer.train import Args, _settings, add_arguments, bc_update, collect, imitation_nll, make_stream, run
+from trainer.train import Args, add_arguments, bc_update, collect, imitation_nll, make_stream, run, settings_from
 from trainer.train import simulate as sim_summary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +23,7 @@ def test_imitation_loss_falls_and_beats_random() -> None:
     torch.manual_seed(0)
     args = Args(workflows="mlpipeline", heldout="", epochs=1, batch_requests=32, lr=1e-2, threads=1)
     catalogue = load_catalogue(args.pools)
-    setting = _settings("mlpipeline", seed=1)[0]
+    setting = settings_from("mlpipeline", seed=1)[0]
     setting.teacher = "srpt+eft"
     model = PlacementGNN(ModelConfig(hidden=16, layers=2))
     student = GNNPlacer(model, seed=0)

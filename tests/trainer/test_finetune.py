@@ -1,0 +1,64 @@
+"""``drl-trainer finetune``: the promotion gate of the nightly retraining, on a tiny budget."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from policy.checkpoint import load_checkpoint
+from policy.registry import MANIFEST, activate
+from policy.replay import ReplayRun, write_replay
+from trainer.finetune import FinetuneArgs, finetune
+from trainer.workloads import seed_dataset
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Path:
+    incumbent = tmp_path / "models" / "default"
+    shutil.copytree(ROOT / "policy" / "checkpoints" / "default", incumbent)
+    reg = tmp_path / "registry"
+    activate(reg, incumbent)
+    return reg
+
+
+def _replay(tmp_path: Path, n: int) -> str:
+    graphs = [g for g in seed_dataset("mlpipeline", np.random.default_rng(0)) if len(g.tasks) <= 20][:n]
+    path = tmp_path / "replay.jsonl"
+    write_replay(path, [ReplayRun(g, 10.0 * i) for i, g in enumerate(graphs)])
+    return str(path)
+
+
+def _args(tmp_path: Path, registry: Path, **kw: object) -> FinetuneArgs:
+    base = dict(replay=_replay(tmp_path, 8), registry=str(registry), minutes=0.05, iters=1, runs=4,
+                eval_runs=4, eval_streams=1, guard="", min_runs=4)
+    base.update(kw)
+    return FinetuneArgs(**base)  # type: ignore[arg-type]
+
+
+def test_a_candidate_that_clears_the_gate_is_promoted(tmp_path: Path, registry: Path) -> None:
+    report = finetune(_args(tmp_path, registry, min_improvement=-10.0))
+    assert report["promoted"] and report["decision"].startswith("promoted")
+    active = json.loads((registry / MANIFEST).read_text())
+    assert "candidates" in active["checkpoint"] and active["sha256"]
+    loaded = load_checkpoint(active["checkpoint"])
+    assert loaded.manifest["training"]["from"] == report["incumbent"]["version"]
+    assert set(report["scores"]) == {"incumbent", "candidate"}
+
+
+def test_a_candidate_that_does_not_win_is_not_promoted(tmp_path: Path, registry: Path) -> None:
+    before = (registry / MANIFEST).read_text()
+    report = finetune(_args(tmp_path, registry, min_improvement=0.99))
+    assert not report["promoted"] and report["decision"].startswith("kept the incumbent")
+    assert (registry / MANIFEST).read_text() == before
+
+
+def test_too_few_traces_train_nothing(tmp_path: Path, registry: Path) -> None:
+    report = finetune(_args(tmp_path, registry, min_runs=50))
+    assert not report["promoted"] and "fewer than --min-runs" in report["decision"]
+    assert "scores" not in report

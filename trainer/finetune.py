@@ -1,0 +1,183 @@
+"""``drl-trainer finetune``: fine-tune the active policy on recorded traces; promote it only if it wins.
+
+The nightly retraining DAG (``dags/drl_nightly_retrain.py``) runs this on the replay file it
+exported from the ``drl_placement`` traces (:mod:`policy.replay`: each recorded DAG run's graph
+with the durations observed in production). Steps:
+
+1. The recorded runs are split, by a seeded shuffle, into training runs (3/4) and held-out runs
+   (1/4). Too few runs (``--min-runs``) and nothing is trained: the incumbent stays.
+2. A candidate starts from the incumbent's weights (the checkpoint the registry's ``active.json``
+   names) and is trained by the same DAgger imitation as ``drl-trainer train``
+   (:func:`trainer.train.imitate`) on simulated streams of the training runs (their shapes and
+   observed durations; Poisson arrivals at ``--load``), the teacher being the best baseline on
+   them, for at most ``--minutes``.
+3. Candidate and incumbent are simulated on the same held-out streams, and on the seed families
+   as a guard against forgetting. The candidate is **promoted** (saved under
+   ``<registry>/candidates/`` and activated, so the policy servers hot-reload it) only if its
+   objective on the held-out runs is at least ``--min-improvement`` better than the incumbent's and
+   no guard family regresses by more than ``--max-regression``. Either way a JSON report is
+   written next to the candidate and printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from policy.catalogue import load_catalogue
+from policy.checkpoint import load_checkpoint, save_checkpoint
+from policy.errors import CheckpointError
+from policy.registry import MANIFEST, activate, checkpoint_sha256
+from policy.replay import read_replay
+from trainer.train import METRIC, Args, Setting, choose_teachers, evaluate, imitate, settings_from
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FinetuneArgs:
+    """Fine-tuning configuration; every field is a ``--flag``."""
+
+    #: replay file (JSON lines) of recorded DAG runs
+    replay: str = ""
+    #: model registry folder: its active.json names the incumbent; candidates are written under it
+    registry: str = ""
+    #: pool catalogue of the cluster the traces come from
+    pools: str = Args.pools
+    #: wall-clock budget of the imitation loop, minutes
+    minutes: float = 10.0
+    #: promote only if the held-out objective improves by at least this fraction
+    min_improvement: float = 0.01
+    #: ... and no guard family gets worse by more than this fraction
+    max_regression: float = 0.02
+    #: guard families (';'-separated; empty: none)
+    guard: str = "montecarlo;mlpipeline"
+    #: fewer recorded runs than this: no training, the incumbent stays
+    min_runs: int = 8
+    #: objective and simulated load (see ``drl-trainer train``)
+    objective: str = "mean_jct"
+    load: float = 0.85
+    duration_noise: float = 0.3
+    #: imitation iterations (upper bound; ``minutes`` usually ends the loop first) and stream size
+    iters: int = 12
+    runs: int = 20
+    #: evaluation streams: DAG runs per stream and streams
+    eval_runs: int = 40
+    eval_streams: int = 2
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.replay or not self.registry:
+            raise ValueError("--replay and --registry are required")
+        if self.minutes <= 0 or self.min_runs < 2 or self.runs < 1:
+            raise ValueError("--minutes must be > 0, --min-runs >= 2 and --runs >= 1")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for f in dataclasses.fields(FinetuneArgs):
+        default = f.default
+        parser.add_argument("--" + f.name.replace("_", "-"), type=type(default), default=default,
+                            help=f"(default: {default!r})")
+
+
+def _train_args(a: FinetuneArgs, hidden: int, layers: int, out: Path) -> Args:
+    return Args(pools=a.pools, load=a.load, duration_noise=a.duration_noise, objective=a.objective,
+                hidden=hidden, layers=layers, iters=a.iters, runs_start=a.runs, runs_end=a.runs,
+                eval_runs=a.eval_runs, eval_streams=a.eval_streams, seed=a.seed, out=str(out),
+                time_limit_s=a.minutes * 60.0, workflows="", heldout="")
+
+
+def finetune(a: FinetuneArgs) -> dict[str, Any]:
+    """Run the steps of the module docstring; return the report (also written as report.json)."""
+    t0 = time.perf_counter()
+    registry = Path(a.registry)
+    manifest = registry / MANIFEST
+    try:
+        active = json.loads(manifest.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{manifest}: cannot read the registry manifest: {exc}") from exc
+    incumbent_path = Path(active["checkpoint"])
+    if not incumbent_path.is_absolute():
+        incumbent_path = registry / incumbent_path
+    incumbent = load_checkpoint(incumbent_path)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+    out = registry / "candidates" / f"gnn-{stamp}-s{a.seed}"
+    report: dict[str, Any] = {"incumbent": {"path": str(incumbent_path), "version": incumbent.version},
+                              "replay": a.replay, "config": dataclasses.asdict(a), "promoted": False}
+
+    runs = read_replay(a.replay)
+    report["recorded_runs"] = len(runs)
+    if len(runs) < a.min_runs:
+        report["decision"] = f"kept the incumbent: {len(runs)} recorded runs, fewer than --min-runs {a.min_runs}"
+        return _finish(report, out, t0)
+
+    rng = np.random.default_rng(a.seed)
+    order = rng.permutation(len(runs))
+    cut = max(1, len(runs) // 4)
+    heldout = Setting("traces-heldout", [runs[i].graph for i in order[:cut]])
+    training = Setting("traces", [runs[i].graph for i in order[cut:]])
+    cfg = incumbent.config
+    args = _train_args(a, cfg.hidden, cfg.layers, out)
+    torch.manual_seed(a.seed)
+    catalogue = load_catalogue(a.pools)
+    choose_teachers([training], catalogue, args)
+
+    candidate = load_checkpoint(incumbent_path).model  # an independent copy of the weights
+    logs: list[dict[str, Any]] = []
+    steps, train_s = imitate(candidate, [training], catalogue, args, rng,
+                             lambda step, **kv: logs.append({"global_step": step, **kv}), time.perf_counter())
+    candidate.eval()
+
+    guards = settings_from(a.guard, a.seed + 1) if a.guard else []
+    metric = METRIC[a.objective]
+    scores: dict[str, dict[str, float]] = {}
+    for name, model in (("incumbent", incumbent.model), ("candidate", candidate)):
+        res = evaluate(model, [heldout, *guards], catalogue, args)
+        scores[name] = {setting: vals["drl"][metric] for setting, vals in res.items()}
+    inc, cand = scores["incumbent"], scores["candidate"]
+    gain = 1.0 - cand[heldout.name] / max(inc[heldout.name], 1e-9)
+    regressions = {g.name: cand[g.name] / max(inc[g.name], 1e-9) - 1.0 for g in guards}
+    report.update({
+        "teacher": training.teacher, "training_runs": len(training.templates), "heldout_runs": len(heldout.templates),
+        "imitation_steps": steps, "train_s": round(train_s, 1), "objective": metric, "scores": scores,
+        "heldout_gain": gain, "guard_regressions": regressions,
+    })
+    worst = max(regressions.values(), default=0.0)
+    if gain >= a.min_improvement and worst <= a.max_regression:
+        save_checkpoint(candidate, out, training={"finetune": dataclasses.asdict(a), "from": incumbent.version,
+                                                  "teacher": training.teacher, "log": logs[-1:] or []},
+                        evaluation={"finetune": scores})
+        activate(registry, out, sha256=checkpoint_sha256(out),
+                 note=f"nightly fine-tune: {metric} {gain:+.1%} on held-out traces vs {incumbent.version}")
+        report["promoted"] = True
+        report["decision"] = f"promoted: held-out {metric} {gain:+.1%}, worst guard {worst:+.1%}"
+    else:
+        report["decision"] = (f"kept the incumbent: held-out {metric} {gain:+.1%} (need >= "
+                              f"{a.min_improvement:+.1%}), worst guard {worst:+.1%} (allowed {a.max_regression:+.1%})")
+    return _finish(report, out, t0)
+
+
+def _finish(report: dict[str, Any], out: Path, t0: float) -> dict[str, Any]:
+    report["wall_s"] = round(time.perf_counter() - t0, 1)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    log.info("%s", report["decision"])
+    return report
+
+
+def run(args: argparse.Namespace) -> int:
+    a = FinetuneArgs(**{f.name: getattr(args, f.name) for f in dataclasses.fields(FinetuneArgs)})
+    report = finetune(a)
+    print(json.dumps({k: report[k] for k in ("decision", "promoted", "recorded_runs", "wall_s")
+                      if k in report}, indent=2))
+    return 0
