@@ -32,7 +32,8 @@ TRACES_DIR = os.environ.get("DRL_TRACES_DIR", "/tmp/drl-traces")
     catchup=False,
     max_active_runs=1,
     tags=["drl", "drl-exclude"],
-    params={"hours": 24, "minutes": 10, "min_improvement": 0.01},
+    # extra_args: more drl-trainer finetune flags (e.g. a small evaluation for a smoke test)
+    params={"hours": 24, "minutes": 10, "min_improvement": 0.01, "seed": 1, "extra_args": ""},
 )
 def drl_nightly_retrain() -> None:
     @task(executor_config={"drl": {"duration_s": 30, "cpus": 1, "memory_gb": 2}})
@@ -47,10 +48,11 @@ def drl_nightly_retrain() -> None:
         from policy.replay import write_replay
 
         ctx = get_current_context()
-        until = ctx["data_interval_end"] or dt.datetime.now(dt.UTC)
+        until = ctx.get("data_interval_end") or dt.datetime.now(dt.UTC)  # manual runs have none
         since = until - dt.timedelta(hours=float(ctx["params"]["hours"]))
         catalogue = load_catalogue(os.environ.get("AIRFLOW__DRL_EXECUTOR__CATALOGUE") or packaged_catalogue())
-        engine = create_engine(BaseHook.get_connection("drl_traces").get_uri())
+        uri = BaseHook.get_connection("drl_traces").get_uri()
+        engine = create_engine(uri.replace("postgres://", "postgresql://", 1))  # SQLAlchemy's dialect name
         try:
             with Session(engine) as session:
                 runs = export_runs(session, catalogue, since=since, until=until)
@@ -69,7 +71,8 @@ def drl_nightly_retrain() -> None:
             " --registry \"${DRL_REGISTRY_DIR:?set DRL_REGISTRY_DIR on the workers}\""
             " --pools \"${AIRFLOW__DRL_EXECUTOR__CATALOGUE}\""
             " --minutes {{ params.minutes }} --min-improvement {{ params.min_improvement }}"
-            " --seed {{ logical_date.strftime('%Y%m%d') if logical_date else 1 }}"
+            " --seed {{ params.seed }}"
+            " {{ params.extra_args }}"
         ),
         executor_config={"drl": {"duration_s": 600, "cpus": 4, "memory_gb": 8, "kind": "gpu_train"}},
     )

@@ -110,7 +110,7 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
     if not incumbent_path.is_absolute():
         incumbent_path = registry / incumbent_path
     incumbent = load_checkpoint(incumbent_path)
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%f")
     out = registry / "candidates" / f"gnn-{stamp}-s{a.seed}"
     report: dict[str, Any] = {"incumbent": {"path": str(incumbent_path), "version": incumbent.version},
                               "replay": a.replay, "config": dataclasses.asdict(a), "promoted": False}
