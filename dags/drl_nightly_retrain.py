@@ -31,6 +31,7 @@ TRACES_DIR = os.environ.get("DRL_TRACES_DIR", "/tmp/drl-traces")
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
+    is_paused_upon_creation=True,  # an operator turns retraining on deliberately
     tags=["drl", "drl-exclude"],
     # extra_args: more drl-trainer finetune flags (e.g. a small evaluation for a smoke test)
     params={"hours": 24, "minutes": 10, "min_improvement": 0.01, "seed": 1, "extra_args": ""},
