@@ -1,4 +1,4 @@
-"""Import of WfCommons WfFormat 1.4 / 1.5 workflow instances as :class:`~policy.schema.RunGraph`.
+"""Import of WfCommons WfFormat 1.4 / 1.5 / 1.6 workflow instances as :class:`~policy.schema.RunGraph`.
 
 WfFormat 1.5 splits a workflow into ``workflow.specification.tasks`` (``id``, ``name``,
 ``parents``, ``children``) and ``workflow.execution.tasks`` (``id``, ``runtimeInSeconds``,
@@ -24,7 +24,7 @@ from typing import Any, Mapping
 from policy.errors import SchemaError
 from policy.schema import RunGraph, TaskNode
 
-SUPPORTED = ("1.4", "1.5")
+SUPPORTED = ("1.4", "1.5", "1.6")  # 1.6: what wfcommons 1.6 writes (same task layout as 1.5)
 _ID_SUFFIX = re.compile(r"_ID\d+$")
 
 

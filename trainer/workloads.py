@@ -242,8 +242,11 @@ def make_jobs(templates: Sequence[RunGraph], catalogue: Catalogue, n_runs: int,
 def load_templates(spec: str, rng: np.random.Generator) -> list[RunGraph]:
     """Templates from a spec: comma list of WfFormat files/folders and generator names.
 
-    Generator names: ``montecarlo``, ``mlpipeline``, ``etl`` (28 DAGs each) or ``seed`` (all three).
+    Generator names: ``montecarlo``, ``mlpipeline``, ``etl`` (28 DAGs each) or ``seed`` (all three);
+    ``wfcommons:RECIPE:TASKS[:COUNT]`` for synthetic instances of a WfCommons recipe
+    (:mod:`trainer.recipes`).
     """
+    from trainer import recipes
     from trainer.wfformat import load_wfformat
 
     out: list[RunGraph] = []
@@ -253,6 +256,8 @@ def load_templates(spec: str, rng: np.random.Generator) -> list[RunGraph]:
                 out.extend(seed_dataset(fam, rng))
         elif item in SIZES:
             out.extend(seed_dataset(item, rng))
+        elif item.startswith(recipes.PREFIX):
+            out.extend(recipes.generate(item, rng))
         else:
             path = Path(item)
             if path.is_dir():
