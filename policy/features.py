@@ -37,14 +37,13 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from policy.errors import SchemaError
-from policy.graph import GraphView, view
+from policy.graph import GraphMemo, GraphView, view
 from policy.schema import PlacementRequest, PoolState, ReadyTask, RunGraph, RunProgress, TaskNode
 
 FEATURE_SCHEMA_VERSION = 1
@@ -179,22 +178,8 @@ def _run_features(graph: RunGraph) -> RunFeatures:
     return RunFeatures(graph.run_key, graph.digest, x, edge_index, g, float(dur.sum()), cp)
 
 
-_RUN_CACHE: OrderedDict[tuple[str, str], RunFeatures] = OrderedDict()
-_RUN_CACHE_SIZE = 1024
-
-
-def run_features(graph: RunGraph) -> RunFeatures:
-    """The :class:`RunFeatures` of ``graph``, cached by ``(run_key, digest)`` (LRU)."""
-    key = (graph.run_key, graph.digest)
-    hit = _RUN_CACHE.get(key)
-    if hit is not None:
-        _RUN_CACHE.move_to_end(key)
-        return hit
-    built = _run_features(graph)
-    _RUN_CACHE[key] = built
-    if len(_RUN_CACHE) > _RUN_CACHE_SIZE:
-        _RUN_CACHE.popitem(last=False)
-    return built
+#: The :class:`RunFeatures` of a graph, cached by ``(run_key, digest)`` (LRU).
+run_features: GraphMemo[RunFeatures] = GraphMemo(_run_features, 1024)
 
 
 def pool_features(pools: Sequence[PoolState]) -> np.ndarray:

@@ -7,7 +7,9 @@ so per-decision work is a lookup. Pure Python: the executor uses it for its fall
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from policy.errors import SchemaError
 from policy.schema import RunGraph
@@ -70,19 +72,30 @@ def _build(graph: RunGraph) -> GraphView:
     )
 
 
-_CACHE: OrderedDict[tuple[str, str], GraphView] = OrderedDict()
-_CACHE_SIZE = 4096
+T = TypeVar("T")
 
 
-def view(graph: RunGraph) -> GraphView:
-    """The :class:`GraphView` of ``graph``, cached by (run_key, digest) with LRU eviction."""
-    key = (graph.run_key, graph.digest)
-    hit = _CACHE.get(key)
-    if hit is not None:
-        _CACHE.move_to_end(key)
-        return hit
-    built = _build(graph)
-    _CACHE[key] = built
-    if len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
-    return built
+class GraphMemo(Generic[T]):
+    """Something derived from a run graph, memoised by ``(run_key, digest)`` with LRU eviction
+    (graphs are immutable, so the digest identifies the content)."""
+
+    def __init__(self, build: Callable[[RunGraph], T], size: int) -> None:
+        self._build = build
+        self._size = size
+        self._entries: OrderedDict[tuple[str, str], T] = OrderedDict()
+
+    def __call__(self, graph: RunGraph) -> T:
+        key = (graph.run_key, graph.digest)
+        hit = self._entries.get(key)
+        if hit is not None:
+            self._entries.move_to_end(key)
+            return hit
+        built = self._build(graph)
+        self._entries[key] = built
+        if len(self._entries) > self._size:
+            self._entries.popitem(last=False)
+        return built
+
+
+#: The :class:`GraphView` of a graph, cached.
+view: GraphMemo[GraphView] = GraphMemo(_build, 4096)
