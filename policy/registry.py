@@ -85,6 +85,24 @@ def activate(root: str | Path, checkpoint: str | Path, *, sha256: str | None = N
     return root / MANIFEST
 
 
+#: The checkpoint shipped with the package (trained by the command in its manifest).
+DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "default"
+
+
+def ensure_active(root: str | Path, default: str | Path = DEFAULT_CHECKPOINT) -> Path | None:
+    """Name ``default`` in an empty registry, so a fresh install serves a trained policy from the
+    first request; a registry that already has a manifest is left alone. Returns the manifest."""
+    root = Path(root)
+    if (root / MANIFEST).exists():
+        return root / MANIFEST
+    default = Path(default)
+    if not (default / "manifest.json").exists():
+        log.warning("registry %s is empty and there is no default checkpoint at %s", root, default)
+        return None
+    log.info("registry %s is empty: activating the packaged default checkpoint %s", root, default)
+    return activate(root, default, sha256=checkpoint_sha256(default), note="packaged default checkpoint")
+
+
 def resolve_device(spec: str) -> str:
     """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; other values are kept."""
     if spec != "auto":

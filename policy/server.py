@@ -53,7 +53,7 @@ from policy.graph import view
 from policy.graph_cache import GraphCache
 from policy.metrics import MetricsServer, ServerMetrics
 from policy.placement import EarliestFinishPlacer, Placer
-from policy.registry import LoadedModel, Loader, ModelRegistry, gnn_loader
+from policy.registry import LoadedModel, Loader, ModelRegistry, ensure_active, gnn_loader
 from policy.schema import (
     Decision,
     PlacementReply,
@@ -132,6 +132,7 @@ class PolicyServer:
         self.device = "cpu"
         self.checkpoint = ""
         if placer is None and config.placer != "eft" and config.registry:
+            ensure_active(config.registry)
             self.registry = ModelRegistry(
                 config.registry,
                 loader=loader or functools.partial(

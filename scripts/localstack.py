@@ -278,13 +278,9 @@ class Stack:
             return False
 
     def registry(self) -> Path:
-        """The model registry folder; at first start it names the packaged default checkpoint."""
-        from policy.registry import MANIFEST, activate, checkpoint_sha256
-
+        """The model registry folder (the server names the packaged default checkpoint in it at
+        first start, see ``policy.registry.ensure_active``)."""
         root = self.state / "registry"
-        default = REPO / "policy" / "checkpoints" / "default"
-        if not (root / MANIFEST).exists() and (default / "manifest.json").exists():
-            activate(root, default, sha256=checkpoint_sha256(default), note="packaged default checkpoint")
         root.mkdir(parents=True, exist_ok=True)
         return root
 

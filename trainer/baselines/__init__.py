@@ -34,7 +34,6 @@ SLOW = ("rollout",)
 
 #: The learned policy's name in ``--policies`` (not a baseline: never a reference).
 LEARNED = "drl"
-DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[2] / "policy" / "checkpoints" / "default"
 
 
 def make_placer(name: str, catalogue: Catalogue | None = None, seed: int = 0,
@@ -46,6 +45,7 @@ def make_placer(name: str, catalogue: Catalogue | None = None, seed: int = 0,
     """
     if name == LEARNED:
         from policy.gnn import GNNPlacer
+        from policy.registry import DEFAULT_CHECKPOINT
 
         return GNNPlacer.from_checkpoint(checkpoint or DEFAULT_CHECKPOINT, device="cpu")
     if name == "random":
