@@ -37,6 +37,7 @@ from airflow_drl_executor.config import ExecutorConfig
 from airflow_drl_executor.graph_builder import GraphBuilder, ReadyInstance
 from policy.catalogue import Catalogue, load_catalogue
 from policy.errors import PolicyError
+from policy.graph import view
 from policy.placement import EarliestFinishPlacer
 from policy.schema import Decision, PlacementRequest, PoolState, ReadyTask, RunGraph
 
@@ -179,8 +180,7 @@ class DRLExecutor(CeleryExecutor):
             graph = graphs.get(inst.run_key)
             features: dict[str, Any] = {}
             if graph is not None:
-                node = graph.tasks[graph.index()[inst.task_id]]
-                features = node.to_json()
+                features = graph.tasks[view(graph).index[inst.task_id]].to_json()
             records.append((key, traces.PlacementRecord(
                 ti_id=str(w.ti.id), dag_id=inst.dag_id, run_id=inst.run_id, task_id=inst.task_id,
                 map_index=int(w.ti.map_index if w.ti.map_index is not None else -1),
