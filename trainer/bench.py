@@ -29,7 +29,7 @@ from policy.catalogue import Catalogue, load_catalogue
 from trainer.baselines import LEARNED, expand, make_placer
 from trainer.metrics import Bounds, average, summarize
 from trainer.simulator import Job, SimConfig, SimResult, Simulator
-from trainer.workloads import ArrivalSpec, load_templates, make_jobs
+from trainer.workloads import REPLAY_PREFIX, ArrivalSpec, load_templates, make_jobs, replay_jobs
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,11 @@ DEFAULT_POOLS = Path(__file__).resolve().parent.parent / "policy" / "catalogues"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workflows", action="append", default=None,
-                        help="a setting: 'seed', 'montecarlo', 'mlpipeline', 'etl', or WfFormat files/"
-                             "folders (comma list); repeat for several settings (default: seed)")
+                        help="a setting: 'seed', 'montecarlo', 'mlpipeline', 'etl', "
+                             "'wfcommons:RECIPE:TASKS[:COUNT]', or WfFormat files/folders (comma list); "
+                             "'replay:FILE.jsonl' replays recorded runs at their recorded arrival times "
+                             "(--load and --dag-runs do not apply); repeat for several settings "
+                             "(default: seed)")
     parser.add_argument("--pools", default=str(DEFAULT_POOLS), help="pool catalogue YAML")
     parser.add_argument("--policies", default="baselines",
                         help="comma list of policies; 'baselines' expands to every baseline")
@@ -84,9 +87,12 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     for s, spec in enumerate(settings):
         for seed in seeds:
             rng = np.random.default_rng([seed, s])
-            templates = load_templates(spec, rng)
-            jobs = make_jobs(templates, catalogue, args.dag_runs, rng,
-                             ArrivalSpec(load=args.load, process=args.arrival))
+            if spec.startswith(REPLAY_PREFIX):  # recorded runs at their recorded arrival times
+                jobs = replay_jobs(spec[len(REPLAY_PREFIX):], catalogue)
+            else:
+                templates = load_templates(spec, rng)
+                jobs = make_jobs(templates, catalogue, args.dag_runs, rng,
+                                 ArrivalSpec(load=args.load, process=args.arrival))
             bounds = Bounds(jobs, catalogue)
             for policy in policies:
                 keep = bool(args.plots) and s == 0 and seed == seeds[0]

@@ -239,6 +239,25 @@ def make_jobs(templates: Sequence[RunGraph], catalogue: Catalogue, n_runs: int,
     return jobs
 
 
+REPLAY_PREFIX = "replay:"
+
+
+def replay_jobs(path: str | Path, catalogue: Catalogue, sla_factor: float = 2.0) -> list[Job]:
+    """The recorded runs of a replay file (:mod:`policy.replay`, e.g. exported from production
+    traces) as jobs arriving at their recorded times, each with its recorded graph and durations."""
+    from policy.replay import read_replay
+
+    runs = read_replay(path)
+    if not runs:
+        raise ValueError(f"{path}: the replay file holds no runs")
+    jobs = []
+    for j, run in enumerate(runs):
+        lb = critical_path_lb(run.graph, catalogue)
+        g = with_run_key(run.graph, f"{run.graph.run_key}#{j}")
+        jobs.append(Job(g, run.arrival_s, run.arrival_s + sla_factor * lb))
+    return jobs
+
+
 def load_templates(spec: str, rng: np.random.Generator) -> list[RunGraph]:
     """Templates from a spec: comma list of WfFormat files/folders and generator names.
 
