@@ -39,7 +39,7 @@ from policy.catalogue import Catalogue, load_catalogue
 from policy.errors import PolicyError
 from policy.graph import view
 from policy.placement import EarliestFinishPlacer
-from policy.schema import Decision, PlacementRequest, PoolState, ReadyTask, RunGraph
+from policy.schema import Decision, PlacementRequest, PoolState, ReadyTask, RunGraph, RunProgress
 
 if TYPE_CHECKING:
     from airflow.executors import workloads
@@ -171,8 +171,9 @@ class DRLExecutor(CeleryExecutor):
                     self._held_since.setdefault(key, now)
                     held.add(id(w))
                     continue
-                decision = self._fallback_one(inst, pools, graphs,
-                                              f"waited {waited:.0f}s for a better pool, placing now")
+                decision = self._fallback([ReadyTask(inst.run_key, inst.task_id)], pools, graphs,
+                                          f"waited {waited:.0f}s for a better pool, placing now"
+                                          )[(inst.run_key, inst.task_id)]
             self._held_since.pop(key, None)
             placed.append(w)
             w.ti.queue = decision.pool
@@ -200,11 +201,13 @@ class DRLExecutor(CeleryExecutor):
             self._set_queues(placed)
         return records, held
 
-    def _fallback_one(self, inst: ReadyInstance, pools: tuple[PoolState, ...], graphs: Mapping[str, RunGraph],
-                      why: str) -> Decision:
-        sub = PlacementRequest(request_id="fallback", ready=(ReadyTask(inst.run_key, inst.task_id),), pools=pools)
-        (d,) = self.fallback_placer.place(sub, graphs)
-        return replace(d, reason=f"fallback ({why}): {d.reason}", fallback=True)
+    def _fallback(self, ready: Sequence[ReadyTask], pools: tuple[PoolState, ...],
+                  graphs: Mapping[str, RunGraph], why: str, progress: tuple[RunProgress, ...] = ()
+                  ) -> dict[tuple[str, str], Decision]:
+        """The fallback heuristic's decisions for ``ready``, marked as fallback with ``why``."""
+        sub = PlacementRequest(request_id="fallback", ready=tuple(ready), pools=pools, progress=progress)
+        return {(d.run_key, d.task_id): replace(d, reason=f"fallback ({why}): {d.reason}", fallback=True)
+                for d in self.fallback_placer.place(sub, graphs)}
 
     def _decide(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]
                 ) -> tuple[dict[tuple[str, str], Decision], str, str]:
@@ -229,12 +232,7 @@ class DRLExecutor(CeleryExecutor):
         if missing:
             self.log.warning("DRLExecutor: request %s: fallback for %d task(s): %s",
                              request.request_id, len(missing), why)
-            sub = PlacementRequest(request_id=request.request_id, ready=tuple(missing), pools=request.pools,
-                                   progress=request.progress)
-            for d in self.fallback_placer.place(sub, graphs):
-                decided[(d.run_key, d.task_id)] = Decision(
-                    run_key=d.run_key, task_id=d.task_id, pool=d.pool, vm_class=d.vm_class, score=d.score,
-                    reason=f"fallback ({why}): {d.reason}", fallback=True)
+            decided.update(self._fallback(missing, request.pools, graphs, why, request.progress))
         return decided, policy, version
 
     def _set_queues(self, tasks: Sequence[Any]) -> None:

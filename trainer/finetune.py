@@ -22,6 +22,7 @@ with the durations observed in production). Steps:
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import datetime as dt
 import json
@@ -132,7 +133,7 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
     catalogue = load_catalogue(a.pools)
     choose_teachers([training], catalogue, args)
 
-    candidate = load_checkpoint(incumbent_path).model  # an independent copy of the weights
+    candidate = copy.deepcopy(incumbent.model)  # trained in place; the incumbent stays as loaded
     logs: list[dict[str, Any]] = []
     steps, train_s = imitate(candidate, [training], catalogue, args, rng,
                              lambda step, **kv: logs.append({"global_step": step, **kv}), time.perf_counter())
