@@ -58,6 +58,23 @@ class ScoringPlacer(Protocol):
         ...
 
 
+@runtime_checkable
+class BatchPlacer(Protocol):
+    """A placer that decides a micro-batch of requests in one call (the GNN: one model call per
+    phase instead of one per request). ``place_many`` returns, per request, what ``place`` would."""
+
+    name: str
+    version: str
+
+    def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
+        ...
+
+    def place_many(
+        self, requests: Sequence[PlacementRequest], graphs: Sequence[Mapping[str, RunGraph]]
+    ) -> list[list[Decision]]:
+        ...
+
+
 @dataclass(frozen=True)
 class ArbiterConfig:
     """Arbiter settings (see :class:`policy.config.ServerConfig` for their documentation)."""
@@ -151,10 +168,63 @@ class Arbiter:
         tripped = self._breaker(request, graphs)
         if tripped is not None:
             return tripped
-        try:
-            if self.config.temperature > 0 and isinstance(placer, ScoringPlacer):
-                proposed = self._sample(placer, request, graphs)
+        return self._settle(placer, request, graphs, None)
+
+    def decide_many(
+        self, placer: Placer, items: Sequence[tuple[PlacementRequest, Mapping[str, RunGraph]]]
+    ) -> list[list[Decision] | Exception]:
+        """:meth:`decide` for each ``(request, graphs)`` of a micro-batch, in order.
+
+        A :class:`BatchPlacer` gets every request the breaker leaves to it in one ``place_many``
+        call (unless sampling applies); if that call raises, each request is retried alone, so
+        one bad request costs only its own decisions. What :meth:`decide` would raise for a
+        request is returned in its place, never raised.
+        """
+        out: list[list[Decision] | Exception] = []
+        todo: list[int] = []
+        for i, (request, graphs) in enumerate(items):
+            out.append([])
+            try:
+                tripped = self._breaker(request, graphs) if request.ready else []
+            except Exception as exc:  # noqa: BLE001 - returned to the caller as this request's error
+                out[i] = exc
+                continue
+            if tripped is None:
+                todo.append(i)
             else:
+                out[i] = tripped
+        batched: list[list[Decision]] | None = None
+        sampled = self.config.temperature > 0 and isinstance(placer, ScoringPlacer)
+        if len(todo) > 1 and not sampled and isinstance(placer, BatchPlacer):
+            try:
+                batched = placer.place_many([items[i][0] for i in todo], [items[i][1] for i in todo])
+                if len(batched) != len(todo):
+                    raise ValueError(f"place_many answered {len(batched)} of {len(todo)} requests")
+            except Exception:  # noqa: BLE001 - retried request by request below
+                log.exception("placer %s %s failed on a batch of %d requests; deciding them one by one",
+                              placer.name, placer.version, len(todo))
+        for k, i in enumerate(todo):
+            request, graphs = items[i]
+            try:
+                out[i] = self._settle(placer, request, graphs, batched[k] if batched is not None else None)
+            except Exception as exc:  # noqa: BLE001 - returned to the caller as this request's error
+                out[i] = exc
+        return out
+
+    def _settle(
+        self,
+        placer: Placer,
+        request: PlacementRequest,
+        graphs: Mapping[str, RunGraph],
+        proposed: Sequence[Decision] | None,
+    ) -> list[Decision]:
+        """The placer's proposal (asked for here when ``proposed`` is None: sampled when the
+        placer scores and temperature > 0) under the hard constraints; if the placer raises,
+        the fallback's decision for every ready task, saying why."""
+        try:
+            if proposed is None and self.config.temperature > 0 and isinstance(placer, ScoringPlacer):
+                proposed = self._sample(placer, request, graphs)
+            elif proposed is None:
                 proposed = placer.place(request, graphs)
         except Exception as exc:  # noqa: BLE001 - a failing model must not fail the reply
             log.exception("placer %s %s failed on request %s", placer.name, placer.version,

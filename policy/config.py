@@ -50,6 +50,10 @@ class ServerConfig:
     registry_poll_s: float = 2.0
     #: Torch device for the model: ``auto`` (CUDA when available), ``cpu`` or ``cuda[:N]``.
     device: str = "auto"
+    #: Torch intra-op threads of this replica's model (0: torch's default, one per core). One
+    #: suits a server: its model calls are small, and a second thread only waits for a busy core
+    #: (44 ms instead of 2.6 ms per request on a loaded 2-core host); run replicas for more cores.
+    torch_threads: int = 1
     #: Pool catalogue YAML; used for requests that carry no pool states.
     catalogue: str | None = None
     #: Most requests handled in one batch (one model call, one Redis round trip for replies).
@@ -106,7 +110,7 @@ class ServerConfig:
         for name, lo in (
             ("batch_max", 1), ("block_ms", 1), ("max_request_bytes", 1024), ("claim_idle_ms", 1),
             ("graph_cache_entries", 1), ("graph_cache_bytes", 1024), ("batch_wait_ms", 0),
-            ("skew_fallback_n", 0), ("metrics_port", 0), ("seed", 0),
+            ("skew_fallback_n", 0), ("metrics_port", 0), ("seed", 0), ("torch_threads", 0),
         ):
             value = getattr(self, name)
             if value < lo:

@@ -36,18 +36,20 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from policy.batch_decoder import decode_greedy, upload
 from policy.checkpoint import Checkpoint, load_checkpoint
 from policy.features import (
     DYNAMIC_PAIR_COLUMNS,
     PAIR_FEATURES,
     TASK_FEATURES,
     FeatureBatch,
+    RunFeatures,
     featurize,
     pair_dynamic,
     pair_rows,
@@ -167,7 +169,10 @@ class GNNPlacer:
     ) -> Decoded:
         """Decide the ready tasks of ``request`` step by step (see the module docstring)."""
         temp = self.temperature if temperature is None else temperature
-        fb = featurize(request, graphs, pairs=False)
+        return self._decode_features(featurize(request, graphs, pairs=False), temp)
+
+    @torch.no_grad()
+    def _decode_features(self, fb: FeatureBatch, temp: float) -> Decoded:
         num_pools = fb.num_pools
         n = fb.num_ready
         actions = np.full(n, -1, dtype=np.int64)
@@ -239,9 +244,86 @@ class GNNPlacer:
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
         """Decisions in dispatch order; tasks the policy holds (stop) get none and stay ready."""
         dec = self.decode(request, graphs)
+        return self._decisions(dec, dec.placed_order)
+
+    def place_many(
+        self, requests: Sequence[PlacementRequest], graphs: Sequence[Mapping[str, RunGraph]]
+    ) -> list[list[Decision]]:
+        """:meth:`place` for each request of a micro-batch, with one model call per phase.
+
+        The graphs of runs not in the embedding cache are encoded in one forward (a disjoint
+        union), the pools and task parts of all requests in one more, and the greedy steps of all
+        requests together (:mod:`policy.batch_decoder`). The decisions are those of :meth:`place`
+        for each request. A lone request (or ``temperature > 0``, whose samples follow
+        :meth:`place`'s generator) takes the one-request path, which is faster for one.
+        """
+        if len(requests) != len(graphs):
+            raise ValueError(f"place_many: {len(requests)} requests but {len(graphs)} graph maps")
+        fbs = [featurize(r, g, pairs=False) for r, g in zip(requests, graphs, strict=True)]
+        batched = [i for i, fb in enumerate(fbs) if fb.num_ready and fb.num_pools]
+        if self.temperature > 0 or len(batched) < 2:
+            return [self._decisions(dec, dec.placed_order)
+                    for dec in (self._decode_features(fb, self.temperature) for fb in fbs)]
+        out: list[list[Decision]] = [[] for _ in fbs]
+        group = [fbs[i] for i in batched]
+        h_table, s_table, node_idx, run_idx = self._embeddings_many(group)
+        decided = decode_greedy(self.model, group, h_table, s_table, node_idx, run_idx,
+                                allow_wait=self.allow_wait)
+        for i, fb, d in zip(batched, group, decided, strict=True):
+            fb.pair_x, fb.mask = d.pair_x, d.mask
+            out[i] = self._decisions(Decoded(fb, d.actions, [], 0.0, d.probs, d.contrib), d.order)
+        return out
+
+    @torch.no_grad()
+    def _embeddings_many(self, fbs: Sequence[FeatureBatch]) -> tuple[Tensor, Tensor, np.ndarray, np.ndarray]:
+        """``(h_table [N, H], s_table [U, H], node_idx, run_idx)`` for the ready rows of ``fbs``
+        (concatenated in request order): cached run embeddings, and the runs not cached encoded
+        in one forward over their disjoint union."""
+        tables: dict[tuple[str, str], int] = {}
+        hs: list[Tensor | None] = []
+        ss: list[Tensor | None] = []
+        new: list[tuple[int, RunFeatures]] = []
+        for fb in fbs:
+            for rf in fb.runs:
+                key = (rf.run_key, rf.digest)
+                if key in tables:
+                    continue
+                tables[key] = len(hs)
+                hit = self._embed.get(key)
+                if hit is None:
+                    new.append((len(hs), rf))
+                    hs.append(None)
+                    ss.append(None)
+                else:
+                    self._embed.move_to_end(key)
+                    hs.append(hit[0])
+                    ss.append(hit[1])
+        if new:
+            sizes = [rf.num_nodes for _, rf in new]
+            offs = np.cumsum([0] + sizes[:-1])
+            x = np.concatenate([rf.x for _, rf in new])
+            ei = np.concatenate([rf.edge_index + o for (_, rf), o in zip(new, offs, strict=True)], axis=1)
+            node_run = np.repeat(np.arange(len(new), dtype=np.int64), sizes)
+            tx, tei, tnr = upload([x, ei, node_run], self.device)
+            h, summary = self.model.encode_graph(tx, tei, tnr, len(new))
+            for (pos, rf), h_run, s_run in zip(new, h.split(sizes), summary, strict=True):
+                hs[pos], ss[pos] = h_run, s_run
+                self._embed[(rf.run_key, rf.digest)] = (h_run, s_run)
+                if len(self._embed) > _EMBED_CACHE_SIZE:
+                    self._embed.popitem(last=False)
+        h_list = [t for t in hs if t is not None]
+        s_list = [t for t in ss if t is not None]
+        node_off = np.cumsum([0] + [int(t.shape[0]) for t in h_list[:-1]])
+        node_idx = np.concatenate([node_off[[tables[(fb.runs[u].run_key, fb.runs[u].digest)] for u in
+                                             fb.ready_run]] + fb.ready_node for fb in fbs])
+        run_idx = np.concatenate([np.array([tables[(fb.runs[u].run_key, fb.runs[u].digest)]
+                                            for u in fb.ready_run], dtype=np.int64) for fb in fbs])
+        return torch.cat(h_list), torch.stack(s_list), node_idx.astype(np.int64), run_idx
+
+    def _decisions(self, dec: Decoded, order: Sequence[int]) -> list[Decision]:
         fb = dec.batch
         out: list[Decision] = []
-        for i in dec.placed_order:
+        for i in order:
             choice = int(dec.actions[i])
             pool = fb.pools[choice]
             reason = explain_row(dec, i) if self.explain else ""

@@ -22,7 +22,9 @@ Choices worth knowing:
 - Losing Redis is not fatal: the loop reconnects with capped, jittered exponential backoff.
 - SIGTERM/SIGINT finish the batch in hand, acknowledge it, and exit 0.
 - Requests are micro-batched: one read takes everything queued (up to ``batch_max``), and with
-  ``batch_wait_ms > 0`` the server waits that long for the batch to fill.
+  ``batch_wait_ms > 0`` the server waits that long for the batch to fill. A placer with
+  ``place_many`` (:class:`~policy.arbiter.BatchPlacer`, the GNN) decides the whole batch in one
+  call, one model call per phase; any other placer is called per request.
 """
 
 from __future__ import annotations
@@ -132,6 +134,7 @@ class PolicyServer:
         self.device = "cpu"
         self.checkpoint = ""
         if placer is None and config.placer != "eft" and config.registry:
+            _torch_threads(config.torch_threads)
             ensure_active(config.registry)
             self.registry = ModelRegistry(
                 config.registry,
@@ -365,21 +368,25 @@ class PolicyServer:
             except Exception as exc:  # noqa: BLE001 - a bad request never kills the server
                 log.exception("request %s (entry %s) failed while decoding", job.request_id, entry_id)
                 job.reply = self._error(job, "internal", f"{type(exc).__name__}: {exc}")
-        for job in jobs:
-            if job.reply is not None or job.late or job.request is None or job.graphs is None:
+        todo = [(j, j.request, j.graphs) for j in jobs
+                if j.reply is None and not j.late and j.request is not None and j.graphs is not None]
+        # One call for the batch: a placer with place_many (the GNN) runs its model once per
+        # phase for all requests; results and errors come back per request.
+        results = self.arbiter.decide_many(self.placer, [(req, graphs) for _, req, graphs in todo])
+        decided_at = time.perf_counter()
+        for (job, req, _), res in zip(todo, results, strict=True):
+            if isinstance(res, Exception):  # the fallback heuristic itself failed
+                log.error("request %s failed while deciding: %s: %s", job.request_id,
+                          type(res).__name__, res, exc_info=res)
+                job.reply = self._error(job, "internal", f"{type(res).__name__}: {res}")
                 continue
-            try:
-                decisions = self.arbiter.decide(self.placer, job.request, job.graphs)
-                job.reply = PlacementReply(
-                    request_id=job.request.request_id,
-                    decisions=tuple(decisions),
-                    policy=self.placer.name,
-                    policy_version=self.placer.version,
-                    server_ms=(time.perf_counter() - read_at) * 1e3,
-                )
-            except Exception as exc:  # noqa: BLE001 - the fallback heuristic itself failed
-                log.exception("request %s failed while deciding", job.request_id)
-                job.reply = self._error(job, "internal", f"{type(exc).__name__}: {exc}")
+            job.reply = PlacementReply(
+                request_id=req.request_id,
+                decisions=tuple(res),
+                policy=self.placer.name,
+                policy_version=self.placer.version,
+                server_ms=(decided_at - read_at) * 1e3,
+            )
         self.batches += 1
         self.metrics.batch_size.observe(len(jobs))
         return jobs
@@ -527,6 +534,15 @@ class PolicyServer:
             "handled": self.handled,
             "graph_cache_entries": len(self.cache),
         }
+
+
+def _torch_threads(n: int) -> None:
+    """Intra-op threads of the model (:attr:`ServerConfig.torch_threads`; 0 leaves torch's
+    default). Imports torch, so it runs only for a model placer (``eft`` never loads torch)."""
+    if n > 0:
+        import torch
+
+        torch.set_num_threads(n)
 
 
 # --- the subcommand ------------------------------------------------------------------------------

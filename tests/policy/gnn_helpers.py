@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -65,3 +66,38 @@ def big_request(n: int = 200, ready: int = 16, seed: int = 0) -> tuple[Placement
         progress=(RunProgress(g.run_key),),
     )
     return req, {g.run_key: g}
+
+
+def mixed_requests(seed: int = 0) -> list[tuple[PlacementRequest, dict[str, RunGraph]]]:
+    """Requests of different shapes for the batched decoder: sizes 4 to 1,000 tasks, 0 to 64
+    ready rows, two runs in one request, pinned tasks, a task no pool can hold, a pool down,
+    busy pools (so stop is allowed), and a request with fewer pools than the others."""
+    rng = np.random.default_rng(seed)
+    pools = load_catalogue(GPU_CATALOGUE).states()
+    busy = tuple(replace(p, busy=p.slots, queued=int(rng.integers(0, 6))) for p in pools)
+    out = [diamond_request(), diamond_request(busy_gpu=2)]
+    for k, (n, ready, pool_set) in enumerate(
+        [(200, 16, pools), (60, 12, busy), (1000, 64, busy), (30, 3, pools[:2]), (120, 40, busy),
+         (50, 1, busy), (80, 20, (replace(busy[0], up=False), *busy[1:]))]
+    ):
+        g = random_dag(n, seed + k, run_key=f"dag/mixed-{k}")
+        tasks = list(g.tasks)
+        tasks[1] = replace(tasks[1], pool=pool_set[-1].name)  # pinned
+        tasks[2] = replace(tasks[2], cpus=1e4)  # no pool can hold it
+        g = RunGraph(g.run_key, tuple(tasks), g.edges)
+        picks = rng.choice(n, size=ready, replace=False)
+        picks[: min(ready, 2)] = [1, 2][: min(ready, 2)]
+        req = PlacementRequest(
+            f"req-mixed-{k}",
+            ready=tuple(ReadyTask(g.run_key, f"t{i}") for i in picks),
+            pools=pool_set,
+            runs=(g,),
+            progress=(RunProgress(g.run_key, age_s=float(10 * k)),),
+        )
+        out.append((req, {g.run_key: g}))
+    # two runs in one request, and a request with no ready task
+    (r1, g1), (r2, g2) = out[2], out[3]
+    out.append((replace(r1, request_id="req-two-runs", ready=r1.ready[:5] + r2.ready[:5],
+                        pools=r2.pools, runs=r1.runs + r2.runs), {**g1, **g2}))
+    out.append((replace(r1, request_id="req-empty", ready=()), g1))
+    return out

@@ -7,13 +7,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gnn_helpers import big_request, diamond_request
+from gnn_helpers import ROOT, big_request, diamond_request, mixed_requests
 
+from policy.arbiter import BatchPlacer
 from policy.checkpoint import save_checkpoint
 from policy.features import featurize
 from policy.gnn import GNNPlacer, attribute
 from policy.model import ModelConfig, PlacementGNN, collate, collate_steps
 from policy.placement import Placer
+from policy.schema import Decision
 
 
 def _placer(**kw: object) -> GNNPlacer:
@@ -99,3 +101,49 @@ def test_attribution_covers_the_run() -> None:
 def test_bad_temperature() -> None:
     with pytest.raises(ValueError, match="temperature"):
         _placer(temperature=-1.0)
+
+
+def _same(a: list[list[Decision]], b: list[list[Decision]]) -> None:
+    """Same decisions in the same dispatch order with the same reasons; scores to float32 rounding."""
+    assert [[(d.run_key, d.task_id, d.pool, d.vm_class, d.reason) for d in x] for x in a] == \
+        [[(d.run_key, d.task_id, d.pool, d.vm_class, d.reason) for d in x] for x in b]
+    assert [d.score for x in a for d in x] == pytest.approx([d.score for x in b for d in x], abs=1e-5)
+
+
+@pytest.mark.parametrize("checkpoint", [None, "default"])
+@pytest.mark.parametrize("allow_wait", [True, False])
+def test_place_many_decides_as_place(checkpoint: str | None, allow_wait: bool) -> None:
+    """The batched decoder gives each request of a micro-batch exactly place()'s decisions:
+    requests of 4 to 1,000 tasks with 0 to 64 ready rows, holds (stop), pinned tasks, a task
+    no pool can hold, a pool down, a request with fewer pools, two runs in one request."""
+    def make() -> GNNPlacer:
+        if checkpoint:
+            return GNNPlacer.from_checkpoint(ROOT / "policy" / "checkpoints" / checkpoint, allow_wait=allow_wait)
+        return _placer(allow_wait=allow_wait)
+
+    items = mixed_requests()
+    requests, graphs = [r for r, _ in items], [g for _, g in items]
+    one = make()
+    single = [one.place(r, g) for r, g in items]
+    many = make()
+    assert isinstance(many, BatchPlacer)
+    _same(many.place_many(requests, graphs), single)  # every run encoded in one forward
+    _same(many.place_many(requests[::-1], graphs[::-1]), single[::-1])  # embeddings from the cache
+    held = [len(r.ready) - len(d) for r, d in zip(requests, single, strict=True)]
+    if allow_wait:
+        assert any(0 < h < len(r.ready) for h, r in zip(held, requests, strict=True))  # stop mid-batch
+    else:
+        assert not any(held)
+    assert any(not r.ready for r in requests)
+
+
+def test_place_many_on_one_request_and_with_sampling() -> None:
+    """A lone request, and sampling at temperature > 0, take place()'s path: same draws."""
+    items = mixed_requests()
+    requests, graphs = [r for r, _ in items], [g for _, g in items]
+    assert _placer().place_many(requests[2:3], graphs[2:3]) == [_placer().place(*items[2])]
+    a = _placer(temperature=1.0, seed=5)
+    b = _placer(temperature=1.0, seed=5)
+    assert a.place_many(requests, graphs) == [b.place(r, g) for r, g in items]
+    with pytest.raises(ValueError, match="graph maps"):
+        a.place_many(requests, graphs[:-1])
