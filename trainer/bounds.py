@@ -18,6 +18,8 @@ from __future__ import annotations
 import heapq
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from policy.catalogue import Catalogue
 from policy.graph import view
 from policy.schema import RunGraph, TaskNode
@@ -124,6 +126,178 @@ def stream_lb(arrivals: Sequence[float], works: Sequence[float], cp_lbs: Sequenc
         a += da
         b += db
     return total
+
+
+# --- the single-DAG makespan bound ---------------------------------------------------------------
+
+#: budget of (tail thresholds x task prefixes x work thresholds) cells :func:`window_lb` evaluates;
+#: above it the thresholds are thinned evenly (every subset of thresholds gives a valid bound)
+WINDOW_CELLS = 20_000_000
+
+
+def _slot_rates(graph: RunGraph, catalogue: Catalogue) -> tuple[np.ndarray, np.ndarray]:
+    """``rates[v, k]``: speed of pool ``k`` on task ``v`` (0 where it cannot hold it); the pool of each slot.
+
+    Slots are counted at each pool's ``max_workers`` (the most an elastic pool can have). A task
+    that no pool can hold gets every pool, as in :func:`fastest_speed`.
+
+    Shapes: ``rates`` (n tasks, pools); slot pools (slots,).
+    """
+    slot_pool = np.array([k for k, p in enumerate(catalogue.pools)
+                          for _ in range((p.max_workers if p.max_workers is not None else p.workers)
+                                         * p.slots_per_worker)], dtype=np.int64)
+    rates = np.zeros((len(graph.tasks), len(catalogue.pools)))
+    for v, t in enumerate(graph.tasks):
+        for k, p in enumerate(catalogue.pools):
+            vm = p.vm_class
+            fits = t.cpus <= vm.cpus and t.memory_gb <= vm.memory_gb and t.gpus <= vm.gpus
+            if fits and (t.pool is None or t.pool == p.name):
+                rates[v, k] = vm.speed * vm.affinity.get(t.kind, 1.0)
+        if not rates[v].any():
+            rates[v] = [p.vm_class.speed * p.vm_class.affinity.get(t.kind, 1.0) for p in catalogue.pools]
+    return rates, slot_pool
+
+
+def _thin(values: np.ndarray, cap: int) -> np.ndarray:
+    """The sorted distinct ``values``, at most ``cap`` of them spread evenly (extremes kept)."""
+    u = np.unique(values)
+    if len(u) > cap:
+        u = u[np.unique(np.linspace(0, len(u) - 1, cap).round().astype(np.int64))]
+    return u
+
+
+def _turns(speeds: np.ndarray, n: int) -> np.ndarray:
+    """The ``n`` smallest values of ``{i / e: i = 1, 2, ...; e in speeds}``, ascending.
+
+    ``N`` tasks of work ``>= w`` each, run without preemption, need ``>= w * turns[N - 1]``
+    seconds on slots of these speeds: a slot of speed ``e`` fits ``i`` of them in ``i * w / e``.
+    """
+    if n == 0 or len(speeds) == 0:
+        return np.full(max(n, 1), np.inf)
+    classes, count = np.unique(speeds, return_counts=True)
+    out = np.concatenate([np.repeat(np.arange(1, -(-n // c) + 1) / e, c) for e, c in zip(classes, count, strict=True)])
+    return np.sort(out)[:n]
+
+
+def window_lb(head: np.ndarray, tail: np.ndarray, work: np.ndarray, speeds: np.ndarray) -> float:
+    """``max`` over task sets ``T`` of ``min head(T) + min tail(T) + L(T)`` (lemma of :func:`makespan_lb`).
+
+    ``speeds[j]`` bounds the rate (units of ``work`` per second) at which slot ``j`` processes
+    any of these tasks, so a task of work ``w`` occupies slot ``j`` for ``>= w / speeds[j]``
+    seconds. The sets tried are ``{tail >= q, head >= r, work > pi}`` (thresholds thinned to
+    :data:`WINDOW_CELLS`); ``L(T)`` is the largest of the three time bounds (a), (b), (c).
+
+    Shapes: ``head``, ``tail``, ``work`` (n,); ``speeds`` (m,).
+    """
+    n = len(work)
+    if n == 0 or len(speeds) == 0:
+        return 0.0
+    e = np.sort(np.asarray(speeds, float))[::-1]
+    m = len(e)
+    cap = np.cumsum(e)  # cap[k-1] = E_k, the k fastest slots together
+    steps = np.nonzero(e[:-1] > e[1:])[0]  # k-1 for every k with e_k > e_(k+1)
+    turns = _turns(e, n)
+    turns_fast = [_turns(e[: k + 1], n) for k in steps]
+    per_axis = max(8, int((WINDOW_CELLS / n) ** 0.5))
+    distinct = np.unique(work)
+    pis = np.concatenate(([-1.0], _thin(work, per_axis)[:-1]))  # T = {work > pi}; -1: all
+    low = distinct[np.searchsorted(distinct, pis, side="right")]  # least work in {work > pi}
+    by_head = np.argsort(-head, kind="stable")
+    h, t, w = head[by_head], tail[by_head], work[by_head]
+    best = 0.0
+    for q in _thin(tail, per_axis):
+        sel = t >= q
+        hs, ws = h[sel], w[sel]  # row i: the tasks of head >= hs[i] (prefix), column: work > pi
+        above = ws[:, None] > pis[None, :]
+        total = np.cumsum(np.where(above, ws[:, None], 0.0), axis=0)
+        count = np.cumsum(above, axis=0)
+        some = count > 0
+        k = np.clip(count, 1, n) - 1
+        length = np.maximum(total / cap[np.minimum(k, m - 1)], low * turns[k])  # (a), (c)
+        for step, fast in zip(steps, turns_fast, strict=True):  # (b): beyond pi / e_(k+1) they fit on k slots
+            beyond = pis / e[step + 1]
+            length = np.maximum(length, np.minimum(beyond, np.maximum(total / cap[step], low * fast[k])))
+        best = max(best, float(np.where(some, hs[:, None] + length, 0.0).max()) + float(q))
+    return best
+
+
+def makespan_lb(graph: RunGraph, catalogue: Catalogue,
+                durations: Sequence[float] | None = None) -> float:
+    """A lower bound on the makespan of ``graph`` run alone on the whole cluster, in seconds.
+
+    Never below :func:`critical_path_lb` nor the job's work over the cluster's total speed; much
+    tighter where a wide stage cannot all run on the fastest slots. Heads and tails as in
+    Fernandez & Bussell (1973) and Carlier (1982), on the slots of the catalogue (every pool at
+    ``max_workers``):
+
+    * ``p(v)``: the task's time on its fastest feasible slot. ``head(v)`` bounds its start from
+      below, ``tail(v)`` the time from its finish to the end of the run; both start as longest
+      paths of ``p`` and are raised below.
+    * Work ``w(v) = duration / a(v)``, ``a(v)`` the largest affinity among the pools that can
+      hold the task; slot ``j`` then processes any task at ``<= e_j`` units of work per second,
+      ``e_j`` = its speed x the largest ``affinity / a(v)`` over the tasks it can hold (its
+      speed when nothing has an affinity). ``E_k`` = the ``k`` largest ``e`` summed.
+
+    **Lemma.** For any set ``T`` of tasks and any schedule of makespan ``C``, every task of
+    ``T`` runs inside ``[r, C - q]``, ``r = min head(T)``, ``q = min tail(T)``, so
+    ``C >= r + q + L`` for any lower bound ``L`` on the time to process ``T`` alone:
+
+    (a) a task runs on one slot at a time, so ``|T|`` tasks never get more than ``E_|T|``
+        (``E_m`` for ``m`` slots): ``L >= w(T) / E_min(|T|, m)``;
+    (c) tries are not preempted (the simulator and Celery run a try to its end): if every task
+        of ``T`` has ``w >= w_min``, a slot of speed ``e`` fits at most ``floor(L e / w_min)``
+        of them, so ``L >= w_min * turns[|T|]`` (the ``|T|``-th smallest ``i / e_j``);
+    (b) if ``L <= pi / e_(k+1)``, every task of ``T`` with ``w > pi`` finishes on one of the
+        ``k`` fastest slots (any other needs more than ``L``), so (a) and (c) apply on those
+        ``k`` slots alone: ``L >= min(pi / e_(k+1), max(w(T) / E_k, w_min * turns_k[|T|]))``.
+
+    Heads are raised in topological order with ``T`` = a subset of a task's parents (all finish
+    before it starts: ``head(v) >= min head(T) + L(T)``), tails in reverse order with the
+    children, and the bound is the lemma over the subsets ``{head >= r, tail >= q, w > pi}`` of
+    the whole DAG (:func:`window_lb`), again with exact rates inside each group of tasks that
+    share one rate profile over the pools. Each step uses only bounds proved before it, so the
+    result bounds every schedule, whatever the placement and order; failures, outages,
+    boot delays and dispatch latency only delay a run. With duration noise it bounds the
+    makespan at the expected durations (``durations`` overrides them), like
+    :func:`critical_path_lb`.
+    """
+    n = len(graph.tasks)
+    if n == 0:
+        return 0.0
+    g = view(graph)
+    dur = np.asarray(durations if durations is not None else [t.duration_s for t in graph.tasks], float)
+    rates, slot_pool = _slot_rates(graph, catalogue)
+    p = dur / rates.max(axis=1)
+    speed = np.array([pool.vm_class.speed for pool in catalogue.pools])
+    aff = (rates / speed).max(axis=1)  # a(v)
+    work = dur / aff
+    e = (rates / aff[:, None]).max(axis=0)[slot_pool]
+    e = e[e > 0]
+    head = np.zeros(n)
+    for v in g.order:
+        ps = list(g.parents[v])
+        if ps:
+            head[v] = float((head[ps] + p[ps]).max())
+            if len(ps) > 1:
+                head[v] = max(head[v], window_lb(head[ps], np.zeros(len(ps)), work[ps], e))
+    tail = np.zeros(n)
+    for v in reversed(g.order):
+        cs = list(g.children[v])
+        if cs:
+            tail[v] = float((tail[cs] + p[cs]).max())
+            if len(cs) > 1:
+                tail[v] = max(tail[v], window_lb(tail[cs], np.zeros(len(cs)), work[cs], e))
+    best = max(float((head + p + tail).max()), window_lb(head, tail, work, e),
+               critical_path_lb(graph, catalogue, durations))
+    profiles, group = np.unique(rates, axis=0, return_inverse=True)
+    if len(profiles) > 1:
+        group = np.asarray(group).reshape(-1)
+        for k, profile in enumerate(profiles):
+            mine = group == k
+            if mine.sum() > 1:
+                rate = profile[slot_pool]
+                best = max(best, window_lb(head[mine], tail[mine], dur[mine], rate[rate > 0]))
+    return best
 
 
 def job_bounds(graphs: Sequence[RunGraph], catalogue: Catalogue) -> Mapping[str, float]:

@@ -12,6 +12,7 @@ from policy.cli import build_parser, dispatch
 SUBCOMMANDS = {
     "bench": ("trainer.bench", "simulate policies on workloads and report metrics against lower bounds"),
     "train": ("trainer.train", "train the GNN placement policy in the simulator"),
+    "makespan": ("trainer.makespan", "each DAG alone on an idle cluster: makespan against the makespan bound"),
     "explain": ("trainer.explain", "explain one placement decision of a checkpoint"),
     "finetune": ("trainer.finetune", "fine-tune the policy on recorded traces and promote it if it wins"),
 }
