@@ -40,6 +40,7 @@ from policy.features import DYNAMIC_PAIR_COLUMNS, F_PAIR, FeatureBatch, pair_row
 from policy.model import NEG_INF, PlacementGNN
 
 _LOG = 8.0  # the scale of policy.features' log columns
+_CHECK_EVERY = 4  # off the CPU: steps between checks whether every request is done
 _DTYPES: dict[np.dtype[Any], torch.dtype] = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64,
            np.dtype(np.bool_): torch.bool, np.dtype(np.int64): torch.int64}
 _NP_DTYPES: dict[torch.dtype, np.dtype[Any]] = {v: k for k, v in _DTYPES.items()}
@@ -166,88 +167,99 @@ def decode_greedy(
     s0_w, s0_b, s2_w, s2_b = s0.weight.T, s0.bias, s2.weight[0], s2.bias[0]
     pre = a[:, :, None, :] + b[:, None] + t_sx @ c_t  # [S, R, P, H]
 
-    # --- the steps --------------------------------------------------------------------------
+    # --- the steps: only what the choice needs; the evidence for the reasons comes after -------
     arange = torch.arange(S, device=device)
     placed = torch.zeros((S, P), dtype=torch.float64, device=device)
     remaining = t_valid.clone()
     active = remaining.any(dim=1)
     actions = torch.full((S, R), -1, dtype=torch.int64, device=device)
-    step_of = torch.full((S, R), -1, dtype=torch.int64, device=device)
-    probs = torch.zeros((S, R, P), dtype=torch.float64, device=device)
-    dyn_out = torch.zeros((S, R, P, len(dyn)), dtype=torch.float32, device=device)
-    contrib = torch.zeros((S, R, P, F_PAIR), dtype=torch.float32, device=device)
+    hist_placed = torch.zeros((R, S, P), dtype=torch.float64, device=device)  # before each step
+    hist_k = torch.zeros((R, S), dtype=torch.int64, device=device)
+    hist_go = torch.zeros((R, S), dtype=torch.bool, device=device)
+    slots_b, zero_b = t_slots[:, None, :], t_zero[:, None, :]
+    blocked = ~t_keep
+    absent = ~(t_valid[:, :, None] & t_pool_valid[:, None, :])
     stop_col = R * P
+    steps = 0
     for t in range(R):
-        # pair columns that depend on the backlog placed so far (features.pair_dynamic)
-        backlog = (t_base + placed)[:, None, :]  # [S, 1, P]
-        slots_b = t_slots[:, None, :]
-        free = backlog < slots_b
-        wait = torch.where(free, 0.0, (backlog - slots_b + 1) / slots_b.clamp_min(1.0) * t_run)
-        wait = torch.where(t_zero[:, None, :], wait + t_run, wait)
-        finish = wait + t_run
-        best = torch.where(t_ref, finish, torch.inf).amin(dim=2, keepdim=True).clamp_min(1e-6)
-        d = torch.stack([
-            torch.log1p(wait) / _LOG,
-            torch.log1p(finish) / _LOG,
-            torch.log(finish.clamp_min(1e-6) / best).clamp_max(3.0),
-            free.to(torch.float64).expand_as(wait),
-            (backlog / slots_b.clamp_min(1.0)).clamp_max(10.0).expand_as(wait),
-        ], dim=-1).to(torch.float32)  # [S, R, P, 5]
+        steps = t + 1
+        hist_placed[t] = placed
+        d = _pair_dynamic(t_run, t_ref, slots_b, zero_b, (t_base + placed)[:, None, :])
         z = torch.relu(pre + d @ c_dyn)  # [S, R, P, H]
-        logits = (z @ w + w_b).to(torch.float64)  # [S, R, P]
-        logits = logits.masked_fill(~t_keep, NEG_INF)
-        logits = logits.masked_fill(~(remaining[:, :, None] & t_pool_valid[:, None, :]), -torch.inf)
-        stop_ok = (placed.sum(dim=1) > 0) | t_busy
-        if not allow_wait:
-            stop_ok = torch.zeros_like(stop_ok)
+        logits = (z @ w + w_b).to(torch.float64).masked_fill(blocked, NEG_INF)  # [S, R, P]
+        logits = logits.masked_fill(absent | ~remaining[:, :, None], -torch.inf)
+        stop_ok = ((placed.sum(dim=1) > 0) | t_busy) & allow_wait
         count = remaining.sum(dim=1, keepdim=True).clamp_min(1)
         a_mean = (a * remaining[:, :, None]).sum(dim=1) / count  # [S, H]
         stop_hidden = torch.relu(torch.cat([a_mean, g], dim=-1) @ s0_w + s0_b)
-        stop = (stop_hidden @ s2_w + s2_b).to(torch.float64)  # [S]
-        stop = torch.where(stop_ok, stop, NEG_INF)
+        stop = torch.where(stop_ok, (stop_hidden @ s2_w + s2_b).to(torch.float64), NEG_INF)  # [S]
         choice = torch.cat([logits.reshape(S, stop_col), stop[:, None]], dim=1).argmax(dim=1)
         go = active & (choice < stop_col)
         k = torch.div(choice, P, rounding_mode="floor").clamp_max(R - 1)
         pool = choice % P
-        # evidence for the reason string of the row placed in this step
-        row_logits = logits[arange, k]  # [S, P]
-        e = torch.exp(row_logits - row_logits.amax(dim=1, keepdim=True))
-        p_row = e / e.sum(dim=1, keepdim=True)
-        d_row = d[arange, k]
-        x_row = t_sx[arange, k].clone()
-        x_row[..., dyn] = d_row
-        c_row = ((z[arange, k] > 0) * w) @ c_t.T * x_row  # d logit[p] / d x[p] times x
-        go1 = go[:, None]
-        probs[arange, k] = torch.where(go1, p_row, probs[arange, k])
-        dyn_out[arange, k] = torch.where(go1[..., None], d_row, dyn_out[arange, k])
-        contrib[arange, k] = torch.where(go1[..., None], c_row, contrib[arange, k])
+        hist_k[t], hist_go[t] = k, go
         actions[arange, k] = torch.where(go, pool, actions[arange, k])
-        step_of[arange, k] = torch.where(go, t, step_of[arange, k])
         placed[arange, pool] += go.to(torch.float64)
         remaining[arange, k] &= ~go
         active = go & remaining.any(dim=1)
-        if device.type == "cpu" and not bool(active.any()):
-            break  # free on a CPU; on a device this check would wait for the queue every step
+        # Stop early once every request is done: free on a CPU; on a device the check waits for
+        # the queue, so it is made every few steps (trained policies often hold most rows).
+        if (device.type == "cpu" or t % _CHECK_EVERY == _CHECK_EVERY - 1) and not bool(active.any()):
+            break
 
-    actions_h, step_h, probs_h, dyn_h, contrib_h = download([actions, step_of, probs, dyn_out, contrib])
+    # --- evidence of each placed row at its step (one pass; same formulas as in the steps) ------
+    m = steps * S
+    es = arange.repeat(steps)  # [M] request of each (step, request) entry
+    ek = hist_k[:steps].reshape(m)
+    d = _pair_dynamic(t_run[es, ek], t_ref[es, ek], t_slots[es], t_zero[es],
+                      t_base[es] + hist_placed[:steps].reshape(m, P))  # [M, P, 5]
+    z = torch.relu(pre[es, ek] + d @ c_dyn)  # [M, P, H]
+    row_logits = (z @ w + w_b).to(torch.float64).masked_fill(blocked[es, ek], NEG_INF)
+    row_logits = row_logits.masked_fill(absent[es, ek], -torch.inf)
+    e = torch.exp(row_logits - row_logits.amax(dim=1, keepdim=True))
+    probs = e / e.sum(dim=1, keepdim=True)  # [M, P]
+    x = t_sx[es, ek].clone()
+    x[..., dyn] = d
+    contrib = ((z > 0) * w) @ c_t.T * x  # d logit[p] / d x[p] times x: [M, P, F]
+
+    actions_h, k_h, go_h, probs_h, dyn_h, contrib_h = download(
+        [actions, hist_k[:steps], hist_go[:steps], probs, d, contrib])
     out: list[Decided] = []
     for s, fb in enumerate(fbs):
         n, p, o = num[s], npools[s], fb.order
         x_all, m_all = x_alls[s]
         act = np.full(n, -1, dtype=np.int64)
         act[o] = actions_h[s, :n]
+        ts = np.nonzero(go_h[:, s])[0]  # the steps that placed a row, in dispatch order
+        entry = ts * S + s
+        rows = o[k_h[ts, s]]
         pr = np.zeros((n, p), dtype=np.float64)
-        pr[o] = probs_h[s, :n, :p]
+        pr[rows] = probs_h[entry, :p]
         cb = np.zeros((n, p, F_PAIR), dtype=np.float32)
-        cb[o] = contrib_h[s, :n, :p]
+        cb[rows] = contrib_h[entry, :p]
         px = np.zeros((n, p, F_PAIR), dtype=np.float32)
+        px[rows] = x_all[rows]
+        for j, r in zip(entry, rows, strict=True):
+            px[r][:, dyn] = dyn_h[j, :p]
         mk = np.zeros((n, p), dtype=bool)
-        placed_slots = np.nonzero(step_h[s, :n] >= 0)[0]
-        placed_slots = placed_slots[np.argsort(step_h[s, placed_slots], kind="stable")]
-        rows = o[placed_slots]
-        for slot, r in zip(placed_slots, rows, strict=True):
-            x = x_all[r].copy()
-            x[:, dyn] = dyn_h[s, slot, :p]
-            px[r], mk[r] = x, m_all[r]
+        mk[rows] = m_all[rows]
         out.append(Decided(act, [int(r) for r in rows], pr, px, mk, cb))
     return out
+
+
+def _pair_dynamic(run_s: Tensor, ref: Tensor, slots: Tensor, zero: Tensor, backlog: Tensor) -> Tensor:
+    """``[..., P, 5]`` float32: :func:`policy.features.pair_dynamic` over the last axis (pools)
+    in the same float64 operations, given ``backlog`` (busy + queued + placed) per pool."""
+    free = backlog < slots
+    per_slot = slots.clamp_min(1.0)
+    wait = torch.where(free, 0.0, (backlog - slots + 1) / per_slot * run_s)
+    wait = torch.where(zero, wait + run_s, wait)
+    finish = wait + run_s
+    best = torch.where(ref, finish, torch.inf).amin(dim=-1, keepdim=True).clamp_min(1e-6)
+    return torch.stack([
+        torch.log1p(wait) / _LOG,
+        torch.log1p(finish) / _LOG,
+        torch.log(finish.clamp_min(1e-6) / best).clamp_max(3.0),
+        free.to(torch.float64).expand_as(wait),
+        (backlog / per_slot).clamp_max(10.0).expand_as(wait),
+    ], dim=-1).to(torch.float32)

@@ -1,6 +1,7 @@
 """Inference latency of the GNN policy on one CPU core (issue 4's 2 ms goal), model only.
 
     python -m policy.bench_model [--checkpoint policy/checkpoints/default] [--tasks 200] [--ready 16]
+        [--batch 8 64] [--device auto]
 
 Prints the figures and a JSON line. Three numbers per setting, median over ``--repeat`` calls:
 
@@ -9,6 +10,10 @@ Prints the figures and a JSON line. Three numbers per setting, median over ``--r
 * ``place_ms``: :meth:`GNNPlacer.place` with the run's embeddings cached (the steady state of a
   server: a run's graph is encoded once), featurization, sequential decode and reason strings.
 * ``place_cold_ms``: the same with the embedding cache cleared (first request of a run).
+
+With ``--batch S``, also :meth:`GNNPlacer.place_many` over ``S`` requests of ``S`` different runs
+(embeddings cached), as the server calls it for a micro-batch: ``batch_ms`` per call and
+``rows_per_s`` (ready rows decided per second, placed or held). Issue 5's server figures.
 """
 
 from __future__ import annotations
@@ -60,11 +65,13 @@ def _bench_one(placer: GNNPlacer, pools: tuple[PoolState, ...], n: int, ready: i
                            pools=pools, runs=(g,), progress=(RunProgress(g.run_key),))
     graphs = {g.run_key: g}
     dec = placer.decode(req, graphs)
-    bt = collate([featurize(req, graphs, assigned=dec.actions.tolist())])
+    bt = collate([featurize(req, graphs, assigned=dec.actions.tolist())], placer.device)
 
     def forward() -> None:
         with torch.inference_mode():
             placer.model(bt)
+        if placer.device.type == "cuda":
+            torch.cuda.synchronize(placer.device)  # time the work, not its launch
 
     def cold() -> None:
         placer.clear_cache()
@@ -81,6 +88,20 @@ def _bench_one(placer: GNNPlacer, pools: tuple[PoolState, ...], n: int, ready: i
     }
 
 
+def _bench_batch(placer: GNNPlacer, pools: tuple[PoolState, ...], n: int, ready: int, size: int,
+                 repeat: int) -> dict[str, object]:
+    runs = [synthetic_run(n, seed=n + k) for k in range(size)]
+    runs = [RunGraph(f"{g.run_key}/{k}", g.tasks, g.edges) for k, g in enumerate(runs)]
+    reqs = [PlacementRequest(f"bench-{k}", ready=tuple(ReadyTask(g.run_key, f"t{i}") for i in range(ready)),
+                             pools=pools, runs=(g,), progress=(RunProgress(g.run_key),))
+            for k, g in enumerate(runs)]
+    graphs = [{g.run_key: g} for g in runs]
+    ms = _median_ms(lambda: placer.place_many(reqs, graphs), repeat)
+    return {"tasks": n, "ready": ready, "batch": size, "pools": len(pools), "device": str(placer.device),
+            "policy_version": placer.version, "batch_ms": round(ms, 3),
+            "rows_per_s": round(size * ready / ms * 1e3, 1)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m policy.bench_model", description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", default=None, help="checkpoint directory (default: untrained model)")
@@ -89,13 +110,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ready", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=200)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1 core)")
+    parser.add_argument("--batch", type=int, nargs="*", default=[],
+                        help="also time place_many over this many requests (e.g. 8 64)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda[:N] or auto (cuda when available)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     if args.checkpoint:
-        placer = GNNPlacer.from_checkpoint(args.checkpoint)
+        placer = GNNPlacer.from_checkpoint(args.checkpoint, device=device)
     else:
         torch.manual_seed(0)
-        placer = GNNPlacer(PlacementGNN(ModelConfig()))
+        placer = GNNPlacer(PlacementGNN(ModelConfig()), device=device)
     pools = load_catalogue(args.catalogue).states()
     results = []
     for n in args.tasks:
@@ -105,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{n:>6} tasks, {args.ready} ready, {len(pools)} pools, {args.threads} thread(s): "
               f"forward {row['forward_ms']:.3f} ms | place (cached run) {row['place_ms']:.3f} ms | "
               f"place (cold run) {row['place_cold_ms']:.3f} ms (median of {args.repeat})")
+        for size in args.batch:
+            b = _bench_batch(placer, pools, n, args.ready, size, max(10, args.repeat // 10))
+            results.append(b)
+            print(f"{n:>6} tasks, {args.ready} ready, batch of {size} on {device}: place_many "
+                  f"{b['batch_ms']:.3f} ms, {b['rows_per_s']:.0f} rows/s")
     print(json.dumps({"bench": "policy.bench_model", "results": results}))
     return 0
 
