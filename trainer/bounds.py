@@ -133,6 +133,8 @@ def stream_lb(arrivals: Sequence[float], works: Sequence[float], cp_lbs: Sequenc
 #: budget of (tail thresholds x task prefixes x work thresholds) cells :func:`window_lb` evaluates;
 #: above it the thresholds are thinned evenly (every subset of thresholds gives a valid bound)
 WINDOW_CELLS = 20_000_000
+#: the same for bound (c), in (tail thresholds x work thresholds x tasks x speed classes^2) cells
+BACK_TO_BACK_CELLS = 50_000_000
 
 
 def _slot_rates(graph: RunGraph, catalogue: Catalogue) -> tuple[np.ndarray, np.ndarray]:
@@ -175,8 +177,33 @@ def _turns(speeds: np.ndarray, n: int) -> np.ndarray:
     if n == 0 or len(speeds) == 0:
         return np.full(max(n, 1), np.inf)
     classes, count = np.unique(speeds, return_counts=True)
-    out = np.concatenate([np.repeat(np.arange(1, -(-n // c) + 1) / e, c) for e, c in zip(classes, count, strict=True)])
+    out = np.concatenate([np.repeat(np.arange(1, -(-n // c) + 1) / e, c)
+                          for e, c in zip(classes, count, strict=True)])
     return np.sort(out)[:n]
+
+
+def _back_to_back(work: np.ndarray, pis: np.ndarray, speeds: np.ndarray) -> np.ndarray:
+    """Bound (c) for each ``T = {work > pi}``: the ``|T|``-th smallest of ``{S_x / e_j}``.
+
+    ``S_x`` is the sum of the ``x`` smallest works of ``T``: a slot that runs ``x`` tasks of
+    ``T`` one after another needs at least ``S_x / e_j`` seconds. 0 where ``T`` is empty.
+
+    Shapes: ``work`` (n,) ascending; ``pis`` (G,); ``speeds`` (m,); result (G,).
+    """
+    n = len(work)
+    start = np.searchsorted(work, pis, side="right")
+    size = n - start
+    csum = np.concatenate(([0.0], np.cumsum(work)))
+    x = np.arange(1, n + 1)
+    sums = csum[np.minimum(start[:, None] + x, n)] - csum[start][:, None]  # (G, n)
+    classes, count = np.unique(speeds, return_counts=True)
+    cand = sums[:, None, :] / classes[None, :, None]  # (G, classes, n)
+    cand = np.where((x <= size[:, None])[:, None, :], cand, np.inf).reshape(len(pis), -1)
+    mult = np.repeat(count, n)
+    order = np.argsort(cand, axis=1, kind="stable")
+    reached = np.cumsum(mult[order], axis=1) >= size[:, None]
+    pick = np.take_along_axis(cand, order, axis=1)[np.arange(len(pis)), reached.argmax(axis=1)]
+    return np.where(size > 0, pick, 0.0)
 
 
 def window_lb(head: np.ndarray, tail: np.ndarray, work: np.ndarray, speeds: np.ndarray) -> float:
@@ -185,7 +212,8 @@ def window_lb(head: np.ndarray, tail: np.ndarray, work: np.ndarray, speeds: np.n
     ``speeds[j]`` bounds the rate (units of ``work`` per second) at which slot ``j`` processes
     any of these tasks, so a task of work ``w`` occupies slot ``j`` for ``>= w / speeds[j]``
     seconds. The sets tried are ``{tail >= q, head >= r, work > pi}`` (thresholds thinned to
-    :data:`WINDOW_CELLS`); ``L(T)`` is the largest of the three time bounds (a), (b), (c).
+    :data:`WINDOW_CELLS`; bound (c), the costliest, on ``{tail >= q, work > pi}`` alone, within
+    :data:`BACK_TO_BACK_CELLS`); ``L(T)`` is the largest of the time bounds (a)-(d).
 
     Shapes: ``head``, ``tail``, ``work`` (n,); ``speeds`` (m,).
     """
@@ -213,11 +241,23 @@ def window_lb(head: np.ndarray, tail: np.ndarray, work: np.ndarray, speeds: np.n
         count = np.cumsum(above, axis=0)
         some = count > 0
         k = np.clip(count, 1, n) - 1
-        length = np.maximum(total / cap[np.minimum(k, m - 1)], low * turns[k])  # (a), (c)
-        for step, fast in zip(steps, turns_fast, strict=True):  # (b): beyond pi / e_(k+1) they fit on k slots
+        length = np.maximum(total / cap[np.minimum(k, m - 1)], low * turns[k])  # (a), (b)
+        for step, fast in zip(steps, turns_fast, strict=True):  # (d): under pi / e_(k+1), on k slots
             beyond = pis / e[step + 1]
             length = np.maximum(length, np.minimum(beyond, np.maximum(total / cap[step], low * fast[k])))
         best = max(best, float(np.where(some, hs[:, None] + length, 0.0).max()) + float(q))
+    per_q = len(pis) * n * (len(steps) + 1) ** 2  # candidates sorted per tail threshold
+    for q in _thin(tail, max(1, min(per_axis, BACK_TO_BACK_CELLS // per_q))):
+        sel = t >= q
+        by_work = np.argsort(w[sel], kind="stable")
+        ws, hs = w[sel][by_work], h[sel][by_work]
+        first = np.minimum(np.searchsorted(ws, pis, side="right"), len(ws) - 1)
+        r = np.minimum.accumulate(hs[::-1])[::-1][first]  # least head in {work > pi}
+        length = _back_to_back(ws, pis, e)
+        for step in steps:
+            fast = _back_to_back(ws, pis, e[: step + 1])
+            length = np.maximum(length, np.minimum(pis / e[step + 1], fast))
+        best = max(best, float((np.where(length > 0, r + length, 0.0)).max()) + float(q))
     return best
 
 
@@ -244,12 +284,15 @@ def makespan_lb(graph: RunGraph, catalogue: Catalogue,
 
     (a) a task runs on one slot at a time, so ``|T|`` tasks never get more than ``E_|T|``
         (``E_m`` for ``m`` slots): ``L >= w(T) / E_min(|T|, m)``;
-    (c) tries are not preempted (the simulator and Celery run a try to its end): if every task
+    (b) tries are not preempted (the simulator and Celery run a try to its end): if every task
         of ``T`` has ``w >= w_min``, a slot of speed ``e`` fits at most ``floor(L e / w_min)``
         of them, so ``L >= w_min * turns[|T|]`` (the ``|T|``-th smallest ``i / e_j``);
-    (b) if ``L <= pi / e_(k+1)``, every task of ``T`` with ``w > pi`` finishes on one of the
-        ``k`` fastest slots (any other needs more than ``L``), so (a) and (c) apply on those
-        ``k`` slots alone: ``L >= min(pi / e_(k+1), max(w(T) / E_k, w_min * turns_k[|T|]))``.
+    (c) more finely, a slot that runs ``x`` tasks of ``T`` back to back needs ``S_x / e_j``,
+        ``S_x`` the sum of the ``x`` smallest works of ``T``; so ``L`` is at least the
+        ``|T|``-th smallest of ``{S_x / e_j: x >= 1, slot j}``;
+    (d) if ``L <= pi / e_(k+1)``, every task of ``T`` with ``w > pi`` finishes on one of the
+        ``k`` fastest slots (any other needs more than ``L``), so (a)-(c) apply on those ``k``
+        slots alone: ``L >= min(pi / e_(k+1), their bound on the k fastest slots)``.
 
     Heads are raised in topological order with ``T`` = a subset of a task's parents (all finish
     before it starts: ``head(v) >= min head(T) + L(T)``), tails in reverse order with the

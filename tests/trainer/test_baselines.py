@@ -63,7 +63,7 @@ def test_insertion_heft_on_single_real_dags_is_close_to_the_bound():
     8/4/2 workers, insertion HEFT at a median makespan / lower bound of at most 1.05.
 
     Bound: :func:`trainer.bounds.makespan_lb` (heads, tails and non-preemptive stage bounds);
-    measured median 1.039, worst 1.181 (montage-dss-075d; see docs/bench.md).
+    measured median 1.033, worst 1.181 (montage-dss-075d; see docs/bench.md).
     """
     cat = load_catalogue("policy/catalogues/speeds-1-2-4.yaml")
     graphs = [load_wfformat(f) for f in sorted(TRACES.glob("*.json"))]

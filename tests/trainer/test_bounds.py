@@ -21,6 +21,7 @@ from trainer.bounds import (
     total_speed,
     window_lb,
 )
+from trainer.makespan import single_dag_rows
 from trainer.metrics import Bounds
 from trainer.simulator import Job, Outage, Simulator
 from trainer.wfformat import load_wfformat
@@ -208,6 +209,14 @@ def test_no_policy_beats_the_makespan_bound(data, policy):
     assert result.makespan_s >= lb * (1 - 1e-9) - 1e-9
 
 
+def test_no_policy_beats_the_makespan_bound_on_the_real_traces():
+    cat = CATS["speeds-1-2-4"]
+    rows = single_dag_rows([load_wfformat(f) for f in sorted(TRACES.glob("*.json"))], cat, BASELINES)
+    assert len(rows) == 19
+    for r in rows:
+        assert r["best_over_lb"] >= 1 - 1e-9, r["workflow"]
+
+
 def test_makespan_bound_of_the_helloworld_fork_join():
     # root 100.187, eight middle tasks (107.353 ... 102.475, 828.697 in all), join 99.82, on
     # speeds 1/2/4 with 8/4/2 slots. Head of the middle: 100.187 / 4; tail: 99.82 / 4. Middle
@@ -235,6 +244,9 @@ def test_window_bound_cases():
     zeros = np.zeros(2)
     # two tasks of work 10 on speeds 4 and 1: both on the fast slot (5 s) beats one on each (10 s)
     assert window_lb(zeros, zeros, np.array([10.0, 10.0]), np.array([4.0, 1.0])) == 5.0
+    # works 1, 4, 4 on two slots of speed 1: one slot runs two of them, at least 1 + 4 (the
+    # work bound says 9 / 2)
+    assert window_lb(np.zeros(3), np.zeros(3), np.array([1.0, 4.0, 4.0]), np.ones(2)) == 5.0
     # a chain of 5 equals its critical path; heads and tails add up along it
     cat = CATS["speeds-1-2-4"]
     g = RunGraph("c", tuple(TaskNode(f"t{i}", 8.0) for i in range(5)), tuple((i, i + 1) for i in range(4)))
