@@ -290,22 +290,26 @@ def _rss_kib(pid: int) -> int:
 
 @contextlib.contextmanager
 def _stack(args: argparse.Namespace, keys: Keys) -> Iterator[tuple[str, int | None]]:
-    """Yield (redis url, server pid or None) — private processes unless --redis is given."""
+    """Yield (redis url, first server's pid or None) — private processes unless --redis is given."""
     if args.redis:
         yield args.redis, None
         return
     rs = start_redis()
-    server = None
+    servers: list[subprocess.Popen[bytes]] = []
     try:
-        extra = ["--placer", args.placer, "--batch-max", str(args.batch_max)]
+        extra = ["--placer", args.placer, "--batch-max", str(args.batch_max), "--device", args.device,
+                 "--batch-wait-ms", str(args.batch_wait_ms)]
         if args.registry:
             extra += ["--registry", args.registry]
-        server = start_server(rs.url, keys.prefix, extra, log_path=args.server_log)
-        wait_for_server(rs.client(), keys)
-        yield rs.url, server.pid
+        for i in range(args.replicas):
+            servers.append(start_server(rs.url, keys.prefix, [*extra, "--consumer", f"bench-{i}"],
+                                        log_path=args.server_log))
+        wait_for_server(rs.client(), keys, count=args.replicas)
+        yield rs.url, servers[0].pid
     finally:
-        if server is not None:
+        for server in servers:
             server.send_signal(signal.SIGTERM)
+        for server in servers:
             try:
                 server.wait(10)
             except subprocess.TimeoutExpired:
@@ -321,6 +325,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--placer", default="eft", help="placer of the private server (eft, auto, gnn)")
     parser.add_argument("--registry", default=None, help="model registry of the private server")
     parser.add_argument("--batch-max", type=int, default=64, help="batch_max of the private server")
+    parser.add_argument("--batch-wait-ms", type=int, default=0, help="batch_wait_ms of the private server")
+    parser.add_argument("--device", default="auto", help="device of the private server (auto, cpu, cuda)")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="private server replicas sharing the consumer group (one process each)")
     parser.add_argument("--dag-sizes", default="50,200,1000", help="comma-separated DAG sizes")
     parser.add_argument("--ready", default="1,16,64", help="comma-separated ready tasks per request")
     parser.add_argument("--clients", default="1,8", help="comma-separated concurrent clients")
@@ -341,10 +349,11 @@ def run(args: argparse.Namespace) -> int:
     keys = Keys(args.prefix)
     catalogue = load_catalogue(args.catalogue)
     doc: dict[str, Any] = {"command": " ".join(sys.argv), "host": socket.gethostname(),
-                           "cpus": os.cpu_count(), "cases": []}
+                           "cpus": os.cpu_count(), "replicas": None if args.redis else args.replicas,
+                           "cases": []}
     with _stack(args, keys) as (url, pid):
         r = redis.Redis.from_url(url)
-        wait_for_server(r, keys)
+        wait_for_server(r, keys, count=1 if args.redis else args.replicas)
         device = _server_device(r, keys)
         if args.soak > 0:
             clients = max(_ints(args.clients))

@@ -82,6 +82,7 @@ def _bench_one(placer: GNNPlacer, pools: tuple[PoolState, ...], n: int, ready: i
         "ready": ready,
         "pools": len(pools),
         "policy_version": placer.version,
+        "device": str(placer.device),
         "forward_ms": round(_median_ms(forward, repeat), 3),
         "place_ms": round(_median_ms(lambda: placer.place(req, graphs), repeat), 3),
         "place_cold_ms": round(_median_ms(cold, repeat), 3),
