@@ -3,8 +3,12 @@
 * :func:`critical_path_lb` -- the job's critical path with every task on the fastest pool that can
   hold it (speed including task-kind affinity): no schedule finishes the job sooner (the Schedule
   Length Ratio's denominator, Topcuoglu et al. 2002). With duration noise the bound uses the
-  expected durations the policy sees, so it bounds the *expected* JCT, not every realisation;
-  :func:`realised_critical_path_lb` uses the realised try durations instead.
+  expected durations the policy sees, so it bounds the *expected* JCT, not every realisation
+  (pass ``durations`` for realised ones).
+* :func:`makespan_lb` -- a tighter bound on one job run alone on the whole cluster: heads and
+  tails with non-preemptive stage bounds (a wide stage cannot all run on the fastest slots).
+  ``drl-trainer makespan`` measures policies on single DAGs against it (issue 3's check
+  against an independent figure: insertion HEFT at a median of at most 1.05 of the bound).
 * :func:`stream_lb` -- a lower bound on the sum of JCTs of a stream of jobs (issue 3): at every
   instant the jobs in the system are at least ``max(A(t), B(t))`` where ``A`` counts the jobs
   left under preemptive shortest-remaining-work on ONE pooled machine of the cluster's total
