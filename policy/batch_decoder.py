@@ -84,7 +84,7 @@ def download(tensors: Sequence[Tensor]) -> list[np.ndarray]:
     return out
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def decode_greedy(
     model: PlacementGNN,
     fbs: Sequence[FeatureBatch],
