@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import json
 import logging
+import multiprocessing
 import os
 import secrets
 import shutil
@@ -209,68 +210,123 @@ class CaseResult:
     device: str
 
 
-def run_case(url: str, keys: Keys, catalogue: Catalogue, dag_tasks: int, ready_tasks: int,
-             clients: int, duration_s: float, seed: int, device: str,
-             rate_per_client: float | None = None, deadline_ms: float = 1000.0) -> CaseResult:
-    rng = np.random.default_rng(seed)
-    lat: list[list[float]] = [[] for _ in range(clients)]
-    errors = [0] * clients
-    # Warm up: every client's graph is sent (and cached server-side) before timing starts.
-    graphs = [layered_dag(dag_tasks, f"bench/{dag_tasks}/{seed}/{c}", rng) for c in range(clients)]
-    start = threading.Barrier(clients + 1)
+@dataclass(frozen=True)
+class _Load:
+    """What each client of a case does (picklable: client processes get it too)."""
 
-    def worker(c: int) -> None:
-        r = redis.Redis.from_url(url)
-        cl = Client(r, keys)
-        g = graphs[c]
-        local = np.random.default_rng(seed * 1000 + c)
+    url: str
+    keys: Keys
+    catalogue: Catalogue
+    ready_tasks: int
+    duration_s: float
+    seed: int
+    rate_per_client: float | None
+    deadline_ms: float
+
+
+def _client(load: _Load, c: int, g: RunGraph, start: Any) -> tuple[list[float], int]:
+    """One client's loop: ``(round-trip seconds of the good replies, errors)``."""
+    lat: list[float] = []
+    errors = 0
+    r = redis.Redis.from_url(load.url)
+    cl = Client(r, load.keys)
+    local = np.random.default_rng(load.seed * 1000 + c)
+    try:
+        # the first request carries the full graph: give it time, it is not measured
+        cl.ask([g], [ReadyTask(g.run_key, g.tasks[0].task_id)], load.catalogue, deadline_ms=30_000)
+    except TimeoutError:
+        errors += 1
+    start.wait()
+    period = 1.0 / load.rate_per_client if load.rate_per_client else 0.0
+    next_t = time.perf_counter()
+    end = next_t + load.duration_s
+    while time.perf_counter() < end:
+        picks = local.choice(len(g.tasks), size=min(load.ready_tasks, len(g.tasks)), replace=False)
+        ready = [ReadyTask(g.run_key, g.tasks[int(i)].task_id) for i in picks]
+        t0 = time.perf_counter()
         try:
-            # the first request carries the full graph: give it time, it is not measured
-            cl.ask([g], [ReadyTask(g.run_key, g.tasks[0].task_id)], catalogue, deadline_ms=30_000)
+            reply = cl.ask([g], ready, load.catalogue, deadline_ms=load.deadline_ms)
+            # Fewer decisions than ready tasks is fine: the policy holds the rest (late binding).
+            asked = {t.task_id for t in ready}
+            if not reply.ok or not all(d.task_id in asked for d in reply.decisions):
+                errors += 1
+            else:
+                lat.append(time.perf_counter() - t0)
         except TimeoutError:
-            errors[c] += 1
-        start.wait()
-        period = 1.0 / rate_per_client if rate_per_client else 0.0
-        next_t = time.perf_counter()
-        end = next_t + duration_s
-        while time.perf_counter() < end:
-            picks = local.choice(len(g.tasks), size=min(ready_tasks, len(g.tasks)), replace=False)
-            ready = [ReadyTask(g.run_key, g.tasks[int(i)].task_id) for i in picks]
-            t0 = time.perf_counter()
-            try:
-                reply = cl.ask([g], ready, catalogue, deadline_ms=deadline_ms)
-                # Fewer decisions than ready tasks is fine: the policy holds the rest (late binding).
-                asked = {t.task_id for t in ready}
-                if not reply.ok or not all(d.task_id in asked for d in reply.decisions):
-                    errors[c] += 1
-                else:
-                    lat[c].append(time.perf_counter() - t0)
-            except TimeoutError:
-                errors[c] += 1
-                cl.sent.clear()  # the server may not have the graph: resend it next time
-            if period:
-                next_t += period
-                delay = next_t - time.perf_counter()
-                if delay > 0:
-                    time.sleep(delay)
-        r.close()
+            errors += 1
+            cl.sent.clear()  # the server may not have the graph: resend it next time
+        if period:
+            next_t += period
+            delay = next_t - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+    r.close()
+    return lat, errors
 
-    threads = [threading.Thread(target=worker, args=(c,), daemon=True) for c in range(clients)]
+
+def _clients(load: _Load, ids: list[int], graphs: list[RunGraph], start: Any,
+             results: Any = None) -> list[tuple[list[float], int]]:
+    """Clients ``ids`` as threads of this process; their results, also put on ``results``."""
+    out: list[tuple[list[float], int]] = [([], 0)] * len(ids)
+
+    def run(j: int) -> None:
+        out[j] = _client(load, ids[j], graphs[j], start)
+
+    threads = [threading.Thread(target=run, args=(j,), daemon=True) for j in range(len(ids))]
     for t in threads:
         t.start()
-    start.wait()
-    t0 = time.perf_counter()
     for t in threads:
         t.join()
+    if results is not None:
+        results.put(out)
+    return out
+
+
+def run_case(url: str, keys: Keys, catalogue: Catalogue, dag_tasks: int, ready_tasks: int,
+             clients: int, duration_s: float, seed: int, device: str,
+             rate_per_client: float | None = None, deadline_ms: float = 1000.0,
+             procs: int = 1) -> CaseResult:
+    """One case; with ``procs > 1`` the clients run as threads of that many processes (one
+    process's threads share its GIL, which caps the load they can offer)."""
+    rng = np.random.default_rng(seed)
+    # Warm up: every client's graph is sent (and cached server-side) before timing starts.
+    graphs = [layered_dag(dag_tasks, f"bench/{dag_tasks}/{seed}/{c}", rng) for c in range(clients)]
+    load = _Load(url, keys, catalogue, ready_tasks, duration_s, seed, rate_per_client, deadline_ms)
+    procs = max(1, min(procs, clients))
+    groups = [list(range(clients))[i::procs] for i in range(procs)]
+    if procs == 1:
+        start: Any = threading.Barrier(clients + 1)
+        res: list[list[tuple[list[float], int]]] = []
+        main = threading.Thread(target=lambda: res.append(_clients(load, groups[0], graphs, start)),
+                                daemon=True)
+        main.start()
+        start.wait()
+        t0 = time.perf_counter()
+        main.join()
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        start = ctx.Barrier(clients + 1)
+        queue = ctx.Queue()
+        children = [ctx.Process(target=_clients, args=(load, ids, [graphs[c] for c in ids], start, queue),
+                                daemon=True) for ids in groups]
+        for ch in children:
+            ch.start()
+        start.wait()
+        t0 = time.perf_counter()
+        res = [queue.get() for _ in children]
+        for ch in children:
+            ch.join()
     wall = time.perf_counter() - t0
-    all_ms = np.array([x for xs in lat for x in xs]) * 1e3
+    results = [r for group in res for r in group]
+    all_ms = np.array([x for xs, _ in results for x in xs]) * 1e3
     n = len(all_ms)
     return CaseResult(
         dag_tasks=dag_tasks, ready_tasks=ready_tasks, clients=clients, requests=n,
         p50_ms=round(float(np.percentile(all_ms, 50)), 3) if n else float("nan"),
         p99_ms=round(float(np.percentile(all_ms, 99)), 3) if n else float("nan"),
         mean_ms=round(float(all_ms.mean()), 3) if n else float("nan"),
-        decisions_per_s=round(n * ready_tasks / wall, 1), errors=sum(errors), device=device,
+        decisions_per_s=round(n * ready_tasks / wall, 1), errors=sum(e for _, e in results),
+        device=device,
     )
 
 
@@ -333,6 +389,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ready", default="1,16,64", help="comma-separated ready tasks per request")
     parser.add_argument("--clients", default="1,8", help="comma-separated concurrent clients")
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per case")
+    parser.add_argument("--client-procs", type=int, default=1,
+                        help="run the clients as threads of this many processes (default: 1)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed")
     parser.add_argument("--soak", type=float, default=0.0,
                         help="instead of the cases: run one case this many seconds, report server RSS")
@@ -350,6 +408,7 @@ def run(args: argparse.Namespace) -> int:
     catalogue = load_catalogue(args.catalogue)
     doc: dict[str, Any] = {"command": " ".join(sys.argv), "host": socket.gethostname(),
                            "cpus": os.cpu_count(), "replicas": None if args.redis else args.replicas,
+                           "client_procs": args.client_procs,
                            "cases": []}
     with _stack(args, keys) as (url, pid):
         r = redis.Redis.from_url(url)
@@ -359,7 +418,8 @@ def run(args: argparse.Namespace) -> int:
             clients = max(_ints(args.clients))
             rss0 = _rss_kib(pid) if pid else -1
             res = run_case(url, keys, catalogue, _ints(args.dag_sizes)[0], _ints(args.ready)[0],
-                           clients, args.soak, args.seed, device, rate_per_client=args.rate / clients)
+                           clients, args.soak, args.seed, device, rate_per_client=args.rate / clients,
+                           procs=args.client_procs)
             rss1 = _rss_kib(pid) if pid else -1
             doc["soak"] = {**asdict(res), "seconds": args.soak, "target_rate": args.rate,
                            "achieved_rate": round(res.requests / args.soak, 1),
@@ -372,7 +432,7 @@ def run(args: argparse.Namespace) -> int:
                 for ready in _ints(args.ready):
                     for clients in _ints(args.clients):
                         res = run_case(url, keys, catalogue, dag, ready, clients, args.duration,
-                                       args.seed, device)
+                                       args.seed, device, procs=args.client_procs)
                         doc["cases"].append(asdict(res))
                         print(f"{dag:>5} {ready:>5} {clients:>3} {res.requests:>7} {res.p50_ms:>8.3f}"
                               f" {res.p99_ms:>8.3f} {res.decisions_per_s:>12.0f} {res.errors:>4}  {device}",

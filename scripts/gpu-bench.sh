@@ -7,7 +7,7 @@
 #       model-ready16.json, model-ready64.json
 #                                   in-process GNNPlacer.place / place_many on the device, no Redis
 #                                   (python -m policy.bench_model; rows_per_s, device column)
-#       server-replicas1.json, server-replicas4.json, server-goal.json
+#       server-replicas1.json, server-replicas8.json, server-goal.json
 #                                   drl-policy bench through a private redis-server, as the
 #                                   executor drives it (cases[]: p50_ms, p99_ms, decisions_per_s,
 #                                   device); skipped, and said so in log.txt, without Redis
@@ -81,10 +81,10 @@ if command -v redis-server >/dev/null && "$py" -c 'import redis' 2>/dev/null; th
     reg=$(mktemp -d)  # an empty registry is seeded with the packaged default checkpoint
     bench=("$py" -m policy.cli --log-level=WARNING bench --placer gnn --registry "$reg" --device auto
            --duration "$secs")
-    for replicas in 1 4; do
-        echo "== bench --replicas $replicas --dag-sizes 200,1000 --ready 16,64 --clients 8,32" >> "$log"
-        "${bench[@]}" --replicas "$replicas" --dag-sizes 200,1000 --ready 16,64 --clients 8,32 \
-            --out "$out/server-replicas$replicas.json" 2>&1 | tee -a "$log"
+    for replicas in 1 8; do  # one server process; eight sharing the GPU and the consumer group
+        echo "== bench --replicas $replicas --client-procs 4 --dag-sizes 200,1000 --ready 16,64 --clients 8,32" >> "$log"
+        "${bench[@]}" --replicas "$replicas" --client-procs 4 --dag-sizes 200,1000 --ready 16,64 \
+            --clients 8,32 --out "$out/server-replicas$replicas.json" 2>&1 | tee -a "$log"
     done
     echo "== bench (the 1-client goal case) --dag-sizes 200 --ready 16 --clients 1" >> "$log"
     "${bench[@]}" --dag-sizes 200 --ready 16 --clients 1 --out "$out/server-goal.json" 2>&1 | tee -a "$log"
