@@ -11,6 +11,9 @@ Identity with the one-request decoder (tested in ``tests/policy/test_gnn.py``): 
 quantities in the same order and precision (pair columns in float64 cast to float32, the head in
 float32, logits in float64), and each request's rows laid out in its decode order, so that the
 argmax's "first maximum" breaks ties exactly as ``numpy.argmax`` over the surviving rows does.
+Matrix products and sums of different shapes may still round differently in the last float32
+bit (the scores differ by ~1e-6): decisions could differ only between choices that tie to within
+that, and on a GPU, whose kernels round differently from the CPU's, by the same margin.
 
 Host <-> device traffic: one upload of everything the requests need (packed into one float64
 buffer off the CPU; float32, bool and int64 survive the round trip exactly) and one download of

@@ -360,7 +360,8 @@ def _stack(args: argparse.Namespace, keys: Keys) -> Iterator[tuple[str, int | No
         for i in range(args.replicas):
             servers.append(start_server(rs.url, keys.prefix, [*extra, "--consumer", f"bench-{i}"],
                                         log_path=args.server_log))
-        wait_for_server(rs.client(), keys, count=args.replicas)
+        # replicas load torch and the model at the same time: give each some start-up time
+        wait_for_server(rs.client(), keys, count=args.replicas, timeout_s=30.0 + 15.0 * args.replicas)
         yield rs.url, servers[0].pid
     finally:
         for server in servers:

@@ -265,6 +265,10 @@ class GNNPlacer:
             return [self._decisions(dec, dec.placed_order)
                     for dec in (self._decode_features(fb, self.temperature) for fb in fbs)]
         out: list[list[Decision]] = [[] for _ in fbs]
+        for i, fb in enumerate(fbs):
+            if not (fb.num_ready and fb.num_pools):  # nothing to decide: the one-request path says so
+                dec = self._decode_features(fb, 0.0)
+                out[i] = self._decisions(dec, dec.placed_order)
         group = [fbs[i] for i in batched]
         h_table, s_table, node_idx, run_idx = self._embeddings_many(group)
         decided = decode_greedy(self.model, group, h_table, s_table, node_idx, run_idx,
