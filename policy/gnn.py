@@ -422,19 +422,31 @@ def attribute(model: PlacementGNN, dec: Decoded, row: int, device: torch.device 
     )
 
 
-def _raw(fb: FeatureBatch, row: int, pool: int) -> dict[str, float]:
-    """Human quantities behind a row's pair features (the inverse of their scaling)."""
-    x = fb.pair_x[row, pool]
-    return {
-        "run_s": math.expm1(float(x[2]) * 8.0),
-        "wait_s": math.expm1(float(x[3]) * 8.0),
-        "affinity": math.exp(float(x[1])),
-        "speed": math.exp(float(x[0])),
-        "cost_c": math.expm1(float(x[7]) * 4.0),
-        "free": float(x[9]),
-        "backlog": float(x[10]),
-        "finish_s": math.expm1(float(x[4]) * 8.0),
-    }
+#: Human quantities behind the pair features (the inverse of their scaling), from a row's
+#: ``pair_x[row, pool]`` as a list.
+_RAW = {
+    "run_s": lambda x: math.expm1(x[2] * 8.0),
+    "wait_s": lambda x: math.expm1(x[3] * 8.0),
+    "affinity": lambda x: math.exp(x[1]),
+    "speed": lambda x: math.exp(x[0]),
+    "cost_c": lambda x: math.expm1(x[7] * 4.0),
+    "free": lambda x: x[9],
+    "backlog": lambda x: x[10],
+    "finish_s": lambda x: math.expm1(x[4] * 8.0),
+}
+
+
+class _Raw:
+    """:data:`_RAW` of one (row, pool), computed on demand: a reason names at most two."""
+
+    __slots__ = ("x",)
+
+    def __init__(self, fb: FeatureBatch, row: int, pool: int) -> None:
+        self.x: list[float] = fb.pair_x[row, pool].tolist()
+
+    def __getitem__(self, key: str) -> float:
+        value: float = _RAW[key](self.x)
+        return value
 
 
 def _yes(flag: float) -> str:
@@ -467,10 +479,12 @@ def describe(fb: FeatureBatch, probs: np.ndarray, row: int, chosen: int, runner:
         return text + ": only candidate"
     other = fb.pools[runner]
     text += f" over {other.name} p={probs[row, runner]:.2f}"
-    c, r = _raw(fb, row, chosen), _raw(fb, row, runner)
+    c, r = _Raw(fb, row, chosen), _Raw(fb, row, runner)
     seen: list[str] = []
     for name, value in sorted(pair.items(), key=lambda kv: -abs(kv[1])):
-        if value <= 0 or len(seen) >= top:
+        if len(seen) >= top:
+            break
+        if value <= 0:
             continue
         phrase = _PHRASES[name](c, r)
         if phrase not in seen:
