@@ -15,20 +15,22 @@ student otherwise (DAgger, Ross et al. 2011: the student learns to recover from 
 under :meth:`~policy.model.PlacementGNN.step_forward`, minus an entropy bonus. The curriculum
 grows the episode from ``runs_start`` to ``runs_end`` DAG runs.
 
-Not done yet (issue 4): the policy-gradient phase (PPO/A2C with shared arrival sequences, an
-input-dependent baseline, differential returns and entropy decay). The model already exposes what
-it needs (:meth:`~policy.model.PlacementGNN.step_forward` returns log-probabilities, entropies and
-values of recorded steps; :meth:`~policy.gnn.GNNPlacer.decode` samples at a temperature and
-records its steps).
+**Policy gradient** (``--rl-iters N``, :mod:`trainer.rl`): after imitation (or instead of it,
+``--iters 0 --init CHECKPOINT`` to fine-tune an existing checkpoint), PPO in the simulator with
+Decima's practices: K rollouts per iteration on the same job stream, an input-dependent
+(time-indexed) baseline, differential returns, a curriculum of DAG sizes and episode lengths, a
+decaying entropy bonus, rewards normalised by the setting's best heuristic on the same stream,
+and the best weights kept by periodic evaluation. The ``--rl-*`` flags are documented on
+:class:`Args` and in :mod:`trainer.rl`.
 
 The objective is configuration: ``--objective mean_jct`` (default), ``p95_jct``,
 ``sla_violation_rate`` or ``cost``, plus ``--cost-weight`` (objective + w x cost, scaled by the
 first candidate's result). It picks each setting's teacher, so the student imitates the best
-heuristic *for that objective*.
+heuristic *for that objective*, and it is the reward of the RL phase (how each objective becomes
+a reward between decisions is in :mod:`trainer.rl`).
 
-Reproduce the default checkpoint::
-
-    drl-trainer train --out policy/checkpoints/default
+The command that reproduces the default checkpoint is stored in its ``manifest.json``
+(``training.command``) and shown in ``docs/policy.md``.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ import numpy as np
 import torch
 
 from policy.catalogue import Catalogue, load_catalogue
-from policy.checkpoint import save_checkpoint
+from policy.checkpoint import load_checkpoint, save_checkpoint
 from policy.features import FeatureBatch, featurize
 from policy.gnn import GNNPlacer
 from policy.model import ModelConfig, PlacementGNN, Step, collate_steps
@@ -113,15 +115,51 @@ class Args:
     out: str = "runs/gnn"
     #: stop the imitation loop after this many seconds (0 = no limit)
     time_limit_s: float = 0.0
+    #: start from this checkpoint's weights instead of a fresh model (its size wins over
+    #: ``hidden``/``layers``); with ``--iters 0`` only the RL phase runs
+    init: str = ""
+    #: --- policy-gradient phase (trainer/rl.py); 0 iterations = imitation only ---
+    rl_iters: int = 0
+    #: rollouts per iteration, all on the same job stream (Decima's shared arrival sequence)
+    rl_rollouts: int = 4
+    #: curriculum: DAG runs per episode, and the fraction of each setting's DAGs (smallest
+    #: first) used at the first iteration; both grow linearly to their end values
+    rl_runs_start: int = 6
+    rl_runs_end: int = 20
+    rl_size_start: float = 0.5
+    #: sampling temperature of the rollouts (1 = the policy's own distribution, as PPO assumes)
+    rl_temperature: float = 1.0
+    #: PPO: learning rate, clip coefficient, epochs, minibatch of decision points, grad-norm clip
+    rl_lr: float = 3e-4
+    rl_clip_coef: float = 0.2
+    rl_epochs: int = 3
+    rl_batch_requests: int = 64
+    rl_max_grad_norm: float = 0.5
+    #: discount horizon of the returns in simulated seconds (0 = undiscounted, as Decima)
+    rl_horizon_s: float = 0.0
+    #: entropy coefficient, decaying linearly from the first to the second value
+    rl_ent_coef: float = 0.01
+    rl_ent_coef_final: float = 0.001
+    #: evaluate the greedy policy every this many iterations and keep the best weights (0 = never)
+    rl_eval_every: int = 5
+    #: stop the RL loop after this many seconds (0 = no limit)
+    rl_time_limit_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
         if not 0.0 <= self.beta_final <= 1.0:
             raise ValueError(f"beta_final must be in [0, 1], got {self.beta_final!r}")
-        for name in ("iters", "runs_start", "runs_end", "epochs", "batch_requests", "eval_runs", "eval_streams"):
-            if getattr(self, name) < (0 if name == "iters" else 1):
+        for name in ("iters", "runs_start", "runs_end", "epochs", "batch_requests", "eval_runs", "eval_streams",
+                     "rl_iters", "rl_rollouts", "rl_runs_start", "rl_runs_end", "rl_epochs", "rl_batch_requests",
+                     "rl_eval_every"):
+            if getattr(self, name) < (0 if name in ("iters", "rl_iters", "rl_eval_every") else 1):
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if not 0.0 < self.rl_size_start <= 1.0:
+            raise ValueError(f"rl_size_start must be in (0, 1], got {self.rl_size_start!r}")
+        if self.rl_temperature <= 0 or self.rl_clip_coef <= 0 or self.rl_lr <= 0:
+            raise ValueError(f"rl_temperature, rl_clip_coef and rl_lr must be > 0, got {self.rl_temperature!r}, "
+                             f"{self.rl_clip_coef!r}, {self.rl_lr!r}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -355,8 +393,18 @@ def train(args: Args) -> dict[str, Any]:
     settings = settings_from(args.workflows, args.seed)
     heldout = settings_from(args.heldout, args.seed + 1) if args.heldout else []
     choose_teachers(settings, catalogue, args)
-    model = PlacementGNN(ModelConfig(hidden=args.hidden, layers=args.layers))
+    init_version = ""
+    if args.init:
+        ckpt = load_checkpoint(args.init)
+        model, init_version = ckpt.model, ckpt.version
+    else:
+        model = PlacementGNN(ModelConfig(hidden=args.hidden, layers=args.layers))
     global_step, train_s = imitate(model, settings, catalogue, args, rng, record, t_start)
+    rl: dict[str, Any] = {}
+    if args.rl_iters:
+        from trainer.rl import reinforce
+
+        rl = reinforce(model, settings, catalogue, args, record, global_step)
     evaluation = {
         "train": evaluate(model, settings, catalogue, args,
                           baselines=[*sorted({s.teacher for s in settings}), "random"]),
@@ -368,7 +416,8 @@ def train(args: Args) -> dict[str, Any]:
                 record(global_step, **{f"eval/{name}/{pol}/{k}": v for k, v in m.items()})
     wall = time.perf_counter() - t_start
     training = {**dataclasses.asdict(args), "teachers": {s.name: s.teacher for s in settings},
-                "teacher_scores": {s.name: s.scores for s in settings}, "train_wall_s": round(train_s, 1),
+                "teacher_scores": {s.name: s.scores for s in settings}, "init_version": init_version, **rl,
+                "train_wall_s": round(train_s, 1),
                 "total_wall_s": round(wall, 1), "machine": f"{torch.get_num_threads()} torch threads, CPU",
                 "command": "drl-trainer train " + " ".join(_flags(args))}
     save_checkpoint(model, out, training=training, evaluation=evaluation)
@@ -405,5 +454,6 @@ def run(args: argparse.Namespace) -> int:
     summary = train(a)
     print(_table(summary["evaluation"], a))
     t = summary["training"]
-    print(f"trained in {t['train_wall_s']:.0f} s (total {t['total_wall_s']:.0f} s); checkpoint in {a.out}")
+    rl = f", PPO {t['rl_wall_s']:.0f} s" if "rl_wall_s" in t else ""
+    print(f"imitation {t['train_wall_s']:.0f} s{rl} (total {t['total_wall_s']:.0f} s); checkpoint in {a.out}")
     return 0
