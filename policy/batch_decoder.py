@@ -15,9 +15,14 @@ Matrix products and sums of different shapes may still round differently in the 
 bit (the scores differ by ~1e-6): decisions could differ only between choices that tie to within
 that, and on a GPU, whose kernels round differently from the CPU's, by the same margin.
 
+The model's parts (task, pool and static pair terms) are computed in torch on the device. The
+steps then run on the device's own arrays: torch tensors on a GPU, numpy arrays on a CPU (where a
+numpy operation on these small arrays costs a fraction of torch's dispatch); one function,
+:func:`_steps`, written in the dialect both share, serves both, and the tests run both on a CPU.
+
 Host <-> device traffic: one upload of everything the requests need (packed into one float64
 buffer off the CPU; float32, bool and int64 survive the round trip exactly) and one download of
-the results; nothing in between.
+the results; in between only a one-byte "all done?" check every few steps.
 
 Shapes (``S`` requests, ``R`` the most ready rows, ``P`` the most pools, ``H`` hidden,
 ``F = F_PAIR``; slot ``k`` of request ``s`` is its ``k``-th row in decode order)::
@@ -26,14 +31,16 @@ Shapes (``S`` requests, ``R`` the most ready rows, ``P`` the most pools, ``H`` h
     b          [S, P, H]     pool part;  g [S, H] cluster summary
     static_x   [S, R, P, F]  pair features with the dynamic columns zeroed
     run_s      [S, R, P]     float64;  ref, keep [S, R, P] bool;  slots, base [S, P] float64
-    result     actions [S, R] (pool or -1), step [S, R] (dispatch position or -1),
-               probs [S, R, P] float64, dyn [S, R, P, 5], contrib [S, R, P, F]
+    steps      actions [S, R] (pool or -1); per step t and request s (entry t * S + s): the
+               row slot chosen k [T, S] and whether it was placed go [T, S]; the placed rows'
+               probs [T*S, P] float64, dynamic pair columns [T*S, P, 5], contrib [T*S, P, F]
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -97,12 +104,14 @@ def decode_greedy(
     run_idx: np.ndarray,
     *,
     allow_wait: bool = True,
+    backend: str | None = None,
 ) -> list[Decided]:
     """Greedy decoding of every request of ``fbs`` (each with >= 1 ready row and >= 1 pool).
 
     ``h_table [N, H]`` / ``s_table [U, H]`` hold the task embeddings and run summaries of every
     run involved (on the model's device); ``node_idx`` / ``run_idx`` ``[sum R_s]`` index them for
-    the ready rows of all requests, concatenated in request order.
+    the ready rows of all requests, concatenated in request order. ``backend`` forces the
+    steps onto ``"numpy"`` or ``"torch"`` arrays (default: numpy on a CPU, torch elsewhere).
     """
     device = h_table.device
     num = [fb.num_ready for fb in fbs]
@@ -170,63 +179,23 @@ def decode_greedy(
     s0_w, s0_b, s2_w, s2_b = s0.weight.T, s0.bias, s2.weight[0], s2.bias[0]
     pre = a[:, :, None, :] + b[:, None] + t_sx @ c_t  # [S, R, P, H]
 
-    # --- the steps: only what the choice needs; the evidence for the reasons comes after -------
-    arange = torch.arange(S, device=device)
-    placed = torch.zeros((S, P), dtype=torch.float64, device=device)
-    remaining = t_valid.clone()
-    active = remaining.any(dim=1)
-    actions = torch.full((S, R), -1, dtype=torch.int64, device=device)
-    hist_placed = torch.zeros((R, S, P), dtype=torch.float64, device=device)  # before each step
-    hist_k = torch.zeros((R, S), dtype=torch.int64, device=device)
-    hist_go = torch.zeros((R, S), dtype=torch.bool, device=device)
-    slots_b, zero_b = t_slots[:, None, :], t_zero[:, None, :]
-    blocked = ~t_keep
-    absent = ~(t_valid[:, :, None] & t_pool_valid[:, None, :])
-    stop_col = R * P
-    steps = 0
-    for t in range(R):
-        steps = t + 1
-        hist_placed[t] = placed
-        d = _pair_dynamic(t_run, t_ref, slots_b, zero_b, (t_base + placed)[:, None, :])
-        z = torch.relu(pre + d @ c_dyn)  # [S, R, P, H]
-        logits = (z @ w + w_b).to(torch.float64).masked_fill(blocked, NEG_INF)  # [S, R, P]
-        logits = logits.masked_fill(absent | ~remaining[:, :, None], -torch.inf)
-        stop_ok = ((placed.sum(dim=1) > 0) | t_busy) & allow_wait
-        count = remaining.sum(dim=1, keepdim=True).clamp_min(1)
-        a_mean = (a * remaining[:, :, None]).sum(dim=1) / count  # [S, H]
-        stop_hidden = torch.relu(torch.cat([a_mean, g], dim=-1) @ s0_w + s0_b)
-        stop = torch.where(stop_ok, (stop_hidden @ s2_w + s2_b).to(torch.float64), NEG_INF)  # [S]
-        choice = torch.cat([logits.reshape(S, stop_col), stop[:, None]], dim=1).argmax(dim=1)
-        go = active & (choice < stop_col)
-        k = torch.div(choice, P, rounding_mode="floor").clamp_max(R - 1)
-        pool = choice % P
-        hist_k[t], hist_go[t] = k, go
-        actions[arange, k] = torch.where(go, pool, actions[arange, k])
-        placed[arange, pool] += go.to(torch.float64)
-        remaining[arange, k] &= ~go
-        active = go & remaining.any(dim=1)
-        # Stop early once every request is done: free on a CPU; on a device the check waits for
-        # the queue, so it is made every few steps (trained policies often hold most rows).
-        if (device.type == "cpu" or t % _CHECK_EVERY == _CHECK_EVERY - 1) and not bool(active.any()):
-            break
-
-    # --- evidence of each placed row at its step (one pass; same formulas as in the steps) ------
-    m = steps * S
-    es = arange.repeat(steps)  # [M] request of each (step, request) entry
-    ek = hist_k[:steps].reshape(m)
-    d = _pair_dynamic(t_run[es, ek], t_ref[es, ek], t_slots[es], t_zero[es],
-                      t_base[es] + hist_placed[:steps].reshape(m, P))  # [M, P, 5]
-    z = torch.relu(pre[es, ek] + d @ c_dyn)  # [M, P, H]
-    row_logits = (z @ w + w_b).to(torch.float64).masked_fill(blocked[es, ek], NEG_INF)
-    row_logits = row_logits.masked_fill(absent[es, ek], -torch.inf)
-    e = torch.exp(row_logits - row_logits.amax(dim=1, keepdim=True))
-    probs = e / e.sum(dim=1, keepdim=True)  # [M, P]
-    x = t_sx[es, ek].clone()
-    x[..., dyn] = d
-    contrib = ((z > 0) * w) @ c_t.T * x  # d logit[p] / d x[p] times x: [M, P, F]
-
-    actions_h, k_h, go_h, probs_h, dyn_h, contrib_h = download(
-        [actions, hist_k[:steps], hist_go[:steps], probs, d, contrib])
+    # The steps run on the device's own arrays: numpy on a CPU (a few microseconds per operation,
+    # where torch's dispatch costs several times that), torch tensors anywhere else.
+    use_numpy = backend == "numpy" or (backend is None and device.type == "cpu")
+    xp = _NUMPY if use_numpy else _torch_ops(device)
+    model_arrays: list[Any]
+    state: list[Any]
+    if use_numpy:
+        model_arrays = [t.numpy() for t in (pre, a, g, c_t, c_dyn, w, w_b, s0_w, s0_b, s2_w, s2_b)]
+        state = [sx, run_s, ref, keep, slots, zero_slots, base, row_valid, busy, pool_valid]
+    else:
+        model_arrays = [pre, a, g, c_t, c_dyn, w, w_b, s0_w, s0_b, s2_w, s2_b]
+        state = [t_sx, t_run, t_ref, t_keep, t_slots, t_zero, t_base, t_valid, t_busy, t_pool_valid]
+    # padded slots and finished requests compute inf and NaN that are masked, never chosen
+    with np.errstate(divide="ignore", invalid="ignore"):
+        found = _steps(xp, *model_arrays, *state, allow_wait=allow_wait,
+                       sync_every=1 if device.type == "cpu" else _CHECK_EVERY)
+    actions_h, k_h, go_h, probs_h, dyn_h, contrib_h = found if use_numpy else download(found)
     out: list[Decided] = []
     for s, fb in enumerate(fbs):
         n, p, o = num[s], npools[s], fb.order
@@ -250,19 +219,130 @@ def decode_greedy(
     return out
 
 
-def _pair_dynamic(run_s: Tensor, ref: Tensor, slots: Tensor, zero: Tensor, backlog: Tensor) -> Tensor:
+@dataclass(frozen=True)
+class _Ops:
+    """The array operations whose spelling differs between numpy and torch (the rest of
+    :func:`_steps` is written in their common dialect: ``where``, ``clip``, ``log1p``, ``@``...)."""
+
+    mod: Any  # numpy or torch
+    f32: Any
+    f64: Any
+    i64: Any
+    cast: Callable[[Any, Any], Any]
+    min_last: Callable[[Any], Any]  # min over the last axis, kept
+    max_last: Callable[[Any], Any]
+    zeros: Callable[[tuple[int, ...], Any], Any]
+    tile: Callable[[Any, int], Any]
+    copy: Callable[[Any], Any]
+
+
+_NUMPY = _Ops(
+    mod=np, f32=np.float32, f64=np.float64, i64=np.int64,
+    cast=lambda x, t: x.astype(t),
+    min_last=lambda x: x.min(axis=-1, keepdims=True),
+    max_last=lambda x: x.max(axis=-1, keepdims=True),
+    zeros=lambda shape, t: np.zeros(shape, dtype=t),
+    tile=np.tile,
+    copy=np.copy,
+)
+
+
+def _torch_ops(device: torch.device) -> _Ops:
+    return _Ops(
+        mod=torch, f32=torch.float32, f64=torch.float64, i64=torch.int64,
+        cast=lambda x, t: x.to(t),
+        min_last=lambda x: x.amin(dim=-1, keepdim=True),
+        max_last=lambda x: x.amax(dim=-1, keepdim=True),
+        zeros=lambda shape, t: torch.zeros(shape, dtype=t, device=device),
+        tile=lambda x, n: x.repeat(n),
+        copy=torch.clone,
+    )
+
+
+def _steps(xp: _Ops, pre: Any, a: Any, g: Any, c_t: Any, c_dyn: Any, w: Any, w_b: Any, s0_w: Any,
+           s0_b: Any, s2_w: Any, s2_b: Any, sx: Any, run_s: Any, ref: Any, keep: Any, slots: Any,
+           zero: Any, base: Any, valid: Any, busy: Any, pool_valid: Any, *, allow_wait: bool,
+           sync_every: int) -> list[Any]:
+    """The greedy steps and the evidence of each placed row (shapes in the module docstring).
+
+    Returns ``[actions [S, R], k [T, S], go [T, S], probs [T*S, P], dyn [T*S, P, 5],
+    contrib [T*S, P, F]]``: for step ``t`` and request ``s`` (entry ``t * S + s``), the row slot
+    ``k`` it chose and whether it placed it (``go``; False for stop or a request already done).
+    """
+    m = xp.mod
+    S, R, P = run_s.shape
+    dyn = list(DYNAMIC_PAIR_COLUMNS)
+    arange = m.arange(S)
+    if xp is not _NUMPY:
+        arange = arange.to(run_s.device)
+    placed = xp.zeros((S, P), xp.f64)
+    remaining = xp.copy(valid)
+    active = remaining.any(1)
+    actions = xp.zeros((S, R), xp.i64) - 1
+    hist_placed = xp.zeros((R, S, P), xp.f64)  # placed before each step
+    hist_k = xp.zeros((R, S), xp.i64)
+    hist_go = xp.zeros((R, S), m.bool_ if xp is _NUMPY else m.bool)
+    slots_b, zero_b = slots[:, None, :], zero[:, None, :]
+    blocked = ~keep
+    absent = ~(valid[:, :, None] & pool_valid[:, None, :])
+    stop_col = R * P
+    steps = 0
+    for t in range(R):
+        steps = t + 1
+        hist_placed[t] = placed
+        d = _pair_dynamic(xp, run_s, ref, slots_b, zero_b, (base + placed)[:, None, :])
+        z = m.clip(pre + d @ c_dyn, 0, None)  # relu: [S, R, P, H]
+        logits = m.where(blocked, NEG_INF, xp.cast(z @ w + w_b, xp.f64))  # [S, R, P]
+        logits = m.where(absent | ~remaining[:, :, None], -math.inf, logits)
+        stop_ok = ((placed.sum(1) > 0) | busy) & allow_wait
+        count = xp.cast(m.clip(remaining.sum(1)[:, None], 1, None), xp.f32)
+        a_mean = (a * remaining[:, :, None]).sum(1) / count  # [S, H]
+        stop_hidden = m.clip(m.concatenate([a_mean, g], -1) @ s0_w + s0_b, 0, None)
+        stop = m.where(stop_ok, xp.cast(stop_hidden @ s2_w + s2_b, xp.f64), NEG_INF)  # [S]
+        choice = m.concatenate([logits.reshape(S, stop_col), stop[:, None]], 1).argmax(1)
+        go = active & (choice < stop_col)
+        k = m.clip(choice // P, None, R - 1)
+        pool = choice % P
+        hist_k[t], hist_go[t] = k, go
+        actions[arange, k] = m.where(go, pool, actions[arange, k])
+        placed[arange, pool] += xp.cast(go, xp.f64)
+        remaining[arange, k] &= ~go
+        active = go & remaining.any(1)
+        # Stop once every request is done; off the CPU the check waits for the device's queue,
+        # so it is made every few steps (trained policies often hold most rows).
+        if t % sync_every == sync_every - 1 and not bool(active.any()):
+            break
+
+    # evidence of each placed row at its step: one pass, the same formulas as in the steps
+    es = xp.tile(arange, steps)  # [M] request of each (step, request) entry
+    ek = hist_k[:steps].reshape(steps * S)
+    d = _pair_dynamic(xp, run_s[es, ek], ref[es, ek], slots[es], zero[es],
+                      base[es] + hist_placed[:steps].reshape(steps * S, P))  # [M, P, 5]
+    z = m.clip(pre[es, ek] + d @ c_dyn, 0, None)  # [M, P, H]
+    row_logits = m.where(blocked[es, ek], NEG_INF, xp.cast(z @ w + w_b, xp.f64))
+    row_logits = m.where(absent[es, ek], -math.inf, row_logits)
+    e = m.exp(row_logits - xp.max_last(row_logits))
+    probs = e / e.sum(-1)[:, None]  # [M, P]
+    x = sx[es, ek]  # advanced indexing: a copy
+    x[..., dyn] = d
+    contrib = ((z > 0) * w) @ c_t.T * x  # d logit[p] / d x[p] times x: [M, P, F]
+    return [actions, hist_k[:steps], hist_go[:steps], probs, d, contrib]
+
+
+def _pair_dynamic(xp: _Ops, run_s: Any, ref: Any, slots: Any, zero: Any, backlog: Any) -> Any:
     """``[..., P, 5]`` float32: :func:`policy.features.pair_dynamic` over the last axis (pools)
     in the same float64 operations, given ``backlog`` (busy + queued + placed) per pool."""
+    m = xp.mod
     free = backlog < slots
-    per_slot = slots.clamp_min(1.0)
-    wait = torch.where(free, 0.0, (backlog - slots + 1) / per_slot * run_s)
-    wait = torch.where(zero, wait + run_s, wait)
+    per_slot = m.clip(slots, 1.0, None)
+    wait = m.where(free, 0.0, (backlog - slots + 1) / per_slot * run_s)
+    wait = m.where(zero, wait + run_s, wait)
     finish = wait + run_s
-    best = torch.where(ref, finish, torch.inf).amin(dim=-1, keepdim=True).clamp_min(1e-6)
-    return torch.stack([
-        torch.log1p(wait) / _LOG,
-        torch.log1p(finish) / _LOG,
-        torch.log(finish.clamp_min(1e-6) / best).clamp_max(3.0),
-        free.to(torch.float64).expand_as(wait),
-        (backlog / per_slot).clamp_max(10.0).expand_as(wait),
-    ], dim=-1).to(torch.float32)
+    best = m.clip(xp.min_last(m.where(ref, finish, math.inf)), 1e-6, None)
+    return xp.cast(m.stack([
+        m.log1p(wait) / _LOG,
+        m.log1p(finish) / _LOG,
+        m.clip(m.log(m.clip(finish, 1e-6, None) / best), None, 3.0),
+        m.broadcast_to(xp.cast(free, xp.f64), wait.shape),
+        m.broadcast_to(m.clip(backlog / per_slot, None, 10.0), wait.shape),
+    ], -1), xp.f32)

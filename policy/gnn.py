@@ -117,6 +117,9 @@ class GNNPlacer:
         self.rng = np.random.default_rng(seed)
         self._embed: OrderedDict[tuple[str, str], tuple[Tensor, Tensor]] = OrderedDict()
         self._weights = self.model.numpy_weights()
+        #: arrays of place_many's batched steps: None (numpy on a CPU, torch tensors on a GPU),
+        #: "numpy" or "torch" (tests run the GPU's code on the CPU with "torch")
+        self.batch_backend: str | None = None
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "cpu", **kwargs: Any) -> GNNPlacer:
@@ -272,7 +275,7 @@ class GNNPlacer:
         group = [fbs[i] for i in batched]
         h_table, s_table, node_idx, run_idx = self._embeddings_many(group)
         decided = decode_greedy(self.model, group, h_table, s_table, node_idx, run_idx,
-                                allow_wait=self.allow_wait)
+                                allow_wait=self.allow_wait, backend=self.batch_backend)
         for i, fb, d in zip(batched, group, decided, strict=True):
             fb.pair_x, fb.mask = d.pair_x, d.mask
             out[i] = self._decisions(Decoded(fb, d.actions, [], 0.0, d.probs, d.contrib), d.order)

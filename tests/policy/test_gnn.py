@@ -110,12 +110,14 @@ def _same(a: list[list[Decision]], b: list[list[Decision]]) -> None:
     assert [d.score for x in a for d in x] == pytest.approx([d.score for x in b for d in x], abs=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
 @pytest.mark.parametrize("checkpoint", [None, "default"])
 @pytest.mark.parametrize("allow_wait", [True, False])
-def test_place_many_decides_as_place(checkpoint: str | None, allow_wait: bool) -> None:
+def test_place_many_decides_as_place(checkpoint: str | None, allow_wait: bool, backend: str) -> None:
     """The batched decoder gives each request of a micro-batch exactly place()'s decisions:
     requests of 4 to 1,000 tasks with 0 to 64 ready rows, holds (stop), pinned tasks, a task
-    no pool can hold, a pool down, a request with fewer pools, two runs in one request."""
+    no pool can hold, a pool down, a request with fewer pools, two runs in one request. Its steps
+    run on numpy arrays on a CPU and on torch tensors on a GPU: both are checked here."""
     def make() -> GNNPlacer:
         if checkpoint:
             return GNNPlacer.from_checkpoint(ROOT / "policy" / "checkpoints" / checkpoint, allow_wait=allow_wait)
@@ -126,6 +128,7 @@ def test_place_many_decides_as_place(checkpoint: str | None, allow_wait: bool) -
     one = make()
     single = [one.place(r, g) for r, g in items]
     many = make()
+    many.batch_backend = backend
     assert isinstance(many, BatchPlacer)
     _same(many.place_many(requests, graphs), single)  # every run encoded in one forward
     _same(many.place_many(requests[::-1], graphs[::-1]), single[::-1])  # embeddings from the cache
