@@ -16,8 +16,9 @@ bit (the scores differ by ~1e-6): decisions could differ only between choices th
 that, and on a GPU, whose kernels round differently from the CPU's, by the same margin.
 
 The model's parts (task, pool and static pair terms) are computed in torch on the device. The
-steps then run on the device's own arrays: torch tensors on a GPU, numpy arrays on a CPU (where a
-numpy operation on these small arrays costs a fraction of torch's dispatch); one function,
+steps then run on the device's own arrays: torch tensors on a GPU, numpy arrays on a CPU for
+batches of up to :data:`_NUMPY_ROWS` row slots (where a numpy operation on small arrays costs a
+fraction of torch's dispatch); one function,
 :func:`_steps`, written in the dialect both share, serves both, and the tests run both on a CPU.
 
 Host <-> device traffic: one upload of everything the requests need (packed into one float64
@@ -51,6 +52,10 @@ from policy.model import NEG_INF, PlacementGNN
 
 _LOG = 8.0  # the scale of policy.features' log columns
 _CHECK_EVERY = 4  # off the CPU: steps between checks whether every request is done
+#: on a CPU, batches up to this many row slots (S x R) step on numpy, larger ones on torch, whose
+#: kernels win once the arrays are large (200 tasks, 16 ready, one core: S=8 7.9 ms numpy vs
+#: 9.4 ms torch; S=256 315 ms numpy vs 156 ms torch, policy.bench_model)
+_NUMPY_ROWS = 1024
 _DTYPES: dict[np.dtype[Any], torch.dtype] = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64,
            np.dtype(np.bool_): torch.bool, np.dtype(np.int64): torch.int64}
 _NP_DTYPES: dict[torch.dtype, np.dtype[Any]] = {v: k for k, v in _DTYPES.items()}
@@ -181,7 +186,7 @@ def decode_greedy(
 
     # The steps run on the device's own arrays: numpy on a CPU (a few microseconds per operation,
     # where torch's dispatch costs several times that), torch tensors anywhere else.
-    use_numpy = backend == "numpy" or (backend is None and device.type == "cpu")
+    use_numpy = backend == "numpy" or (backend is None and device.type == "cpu" and S * R <= _NUMPY_ROWS)
     xp = _NUMPY if use_numpy else _torch_ops(device)
     model_arrays: list[Any]
     state: list[Any]
