@@ -53,8 +53,8 @@ from policy.model import NEG_INF, PlacementGNN
 _LOG = 8.0  # the scale of policy.features' log columns
 _CHECK_EVERY = 4  # off the CPU: steps between checks whether every request is done
 #: on a CPU, batches up to this many row slots (S x R) step on numpy, larger ones on torch, whose
-#: kernels win once the arrays are large (200 tasks, 16 ready, one core: S=8 7.9 ms numpy vs
-#: 9.4 ms torch; S=256 315 ms numpy vs 156 ms torch, policy.bench_model)
+#: kernels win once the arrays are large (one core, 200 tasks, 16 ready: 8 requests 7.5 ms a batch
+#: with numpy steps vs 9.4 ms with torch; 256 requests 315 ms vs 156 ms; docs/server.md)
 _NUMPY_ROWS = 1024
 _DTYPES: dict[np.dtype[Any], torch.dtype] = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64,
            np.dtype(np.bool_): torch.bool, np.dtype(np.int64): torch.int64}
