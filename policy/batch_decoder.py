@@ -127,6 +127,7 @@ def decode_greedy(
     run_s = np.zeros((S, R, P), dtype=np.float64)
     ref = np.zeros((S, R, P), dtype=bool)
     keep = np.zeros((S, R, P), dtype=bool)
+    fit = np.zeros((S, R, P), dtype=bool)
     slots = np.ones((S, P), dtype=np.float64)
     zero_slots = np.zeros((S, P), dtype=bool)
     base = np.zeros((S, P), dtype=np.float64)
@@ -147,6 +148,7 @@ def decode_greedy(
         run_s[s, :n, :p] = fb.pairs.run_s[o]
         ref[s, :n, :p] = fb.pairs.ref[o]
         keep[s, :n, :p] = (m_all | ~m_all.any(axis=1, keepdims=True))[o]
+        fit[s, :n, :p] = m_all[o]
         slots[s, :p] = fb.pairs.slots
         zero_slots[s, :p] = fb.pairs.slots == 0
         base[s, :p] = fb.pairs.base_backlog
@@ -157,9 +159,9 @@ def decode_greedy(
         pool_valid[s, :p] = True
         off += n
     ready_x = np.concatenate([fb.ready_x for fb in fbs])
-    (t_sx, t_run, t_ref, t_keep, t_slots, t_zero, t_base, t_valid, t_slot_row, t_busy, t_pool_x,
+    (t_sx, t_run, t_ref, t_keep, t_fit, t_slots, t_zero, t_base, t_valid, t_slot_row, t_busy, t_pool_x,
      t_pool_valid, t_ready_x, t_node, t_run_idx) = upload(
-        [sx, run_s, ref, keep, slots, zero_slots, base, row_valid, slot_row, busy, pool_x, pool_valid,
+        [sx, run_s, ref, keep, fit, slots, zero_slots, base, row_valid, slot_row, busy, pool_x, pool_valid,
          ready_x, node_idx, run_idx], device)
 
     # --- one model call per phase: task parts of all rows, pool parts of all requests ----------
@@ -192,10 +194,10 @@ def decode_greedy(
     state: list[Any]
     if use_numpy:
         model_arrays = [t.numpy() for t in (pre, a, g, c_t, c_dyn, w, w_b, s0_w, s0_b, s2_w, s2_b)]
-        state = [sx, run_s, ref, keep, slots, zero_slots, base, row_valid, busy, pool_valid]
+        state = [sx, run_s, ref, keep, fit, slots, zero_slots, base, row_valid, busy, pool_valid]
     else:
         model_arrays = [pre, a, g, c_t, c_dyn, w, w_b, s0_w, s0_b, s2_w, s2_b]
-        state = [t_sx, t_run, t_ref, t_keep, t_slots, t_zero, t_base, t_valid, t_busy, t_pool_valid]
+        state = [t_sx, t_run, t_ref, t_keep, t_fit, t_slots, t_zero, t_base, t_valid, t_busy, t_pool_valid]
     # padded slots and finished requests compute inf and NaN that are masked, never chosen
     with np.errstate(divide="ignore", invalid="ignore"):
         found = _steps(xp, *model_arrays, *state, allow_wait=allow_wait,
@@ -265,7 +267,7 @@ def _torch_ops(device: torch.device) -> _Ops:
 
 
 def _steps(xp: _Ops, pre: Any, a: Any, g: Any, c_t: Any, c_dyn: Any, w: Any, w_b: Any, s0_w: Any,
-           s0_b: Any, s2_w: Any, s2_b: Any, sx: Any, run_s: Any, ref: Any, keep: Any, slots: Any,
+           s0_b: Any, s2_w: Any, s2_b: Any, sx: Any, run_s: Any, ref: Any, keep: Any, fit: Any, slots: Any,
            zero: Any, base: Any, valid: Any, busy: Any, pool_valid: Any, *, allow_wait: bool,
            sync_every: int) -> list[Any]:
     """The greedy steps and the evidence of each placed row (shapes in the module docstring).
@@ -299,7 +301,7 @@ def _steps(xp: _Ops, pre: Any, a: Any, g: Any, c_t: Any, c_dyn: Any, w: Any, w_b
         z = m.clip(pre + d @ c_dyn, 0, None)  # relu: [S, R, P, H]
         logits = m.where(blocked, NEG_INF, xp.cast(z @ w + w_b, xp.f64))  # [S, R, P]
         logits = m.where(absent | ~remaining[:, :, None], -math.inf, logits)
-        stop_ok = ((placed.sum(1) > 0) | busy) & allow_wait
+        stop_ok = ((placed.sum(1) > 0) | busy) & allow_wait & ~best_pool_free(d, fit & remaining[:, :, None])
         count = xp.cast(m.clip(remaining.sum(1)[:, None], 1, None), xp.f32)
         a_mean = (a * remaining[:, :, None]).sum(1) / count  # [S, H]
         stop_hidden = m.clip(m.concatenate([a_mean, g], -1) @ s0_w + s0_b, 0, None)
@@ -332,6 +334,14 @@ def _steps(xp: _Ops, pre: Any, a: Any, g: Any, c_t: Any, c_dyn: Any, w: Any, w_b
     x[..., dyn] = d
     contrib = ((z > 0) * w) @ c_t.T * x  # d logit[p] / d x[p] times x: [M, P, F]
     return [actions, hist_k[:steps], hist_go[:steps], probs, d, contrib]
+
+
+def best_pool_free(d: Any, fit: Any) -> Any:
+    """Whether some row could start now on its best pool: a feasible (``fit [..., R, P]``) pool
+    with a free slot (dynamic column 3) and the earliest finish (column 2, the log finish ratio,
+    is 0). ``d [..., R, P, 5]`` are :func:`policy.features.pair_dynamic`'s columns; numpy or
+    torch, reduced over the last two axes. "Stop" is refused then (:mod:`policy.gnn`)."""
+    return (fit & (d[..., 3] > 0.5) & (d[..., 2] <= 0.0)).any(-1).any(-1)
 
 
 def _pair_dynamic(xp: _Ops, run_s: Any, ref: Any, slots: Any, zero: Any, backlog: Any) -> Any:

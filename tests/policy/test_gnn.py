@@ -150,3 +150,34 @@ def test_place_many_on_one_request_and_with_sampling() -> None:
     assert a.place_many(requests, graphs) == [b.place(r, g) for r, g in items]
     with pytest.raises(ValueError, match="graph maps"):
         a.place_many(requests, graphs[:-1])
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_never_holds_a_task_whose_best_pool_is_free(batched: bool) -> None:
+    """Stop is refused while a remaining task could start now on its earliest-finish pool: on a
+    cluster with free slots everywhere, sampling at a high temperature (stop is often drawn when
+    allowed) still places tasks until no such task remains, and every recorded stop step was
+    allowed. The same guard holds in the batched decoder (greedy)."""
+    from policy.batch_decoder import best_pool_free
+    from policy.features import pair_dynamic, pair_rows
+
+    req, graphs = big_request(200, ready=40, seed=2)
+    pools = tuple(type(p)(**{**p.__dict__, "busy": min(1, p.slots)}) for p in req.pools)  # stop not refused for idleness
+    req = type(req)(**{**req.__dict__, "pools": pools})
+    placer = _placer(temperature=0.0 if batched else 5.0, seed=1)
+    for _ in range(1 if batched else 10):
+        if batched:
+            decisions = placer.place_many([req, req], [graphs, graphs])[0]
+            _same([decisions], [placer.place(req, graphs)])
+        dec = placer.decode(req, graphs)
+        fb = featurize(req, graphs, pairs=False)
+        placed = np.zeros(fb.num_pools)
+        for d_pool in dec.placed_order:
+            placed[dec.actions[d_pool]] += 1
+        held = np.nonzero(dec.actions < 0)[0]
+        if len(held):
+            _, fit = pair_rows(fb.pairs, held, placed)
+            assert not best_pool_free(pair_dynamic(fb.pairs, held, placed), fit)
+        for step in dec.steps:
+            if step.action is None:
+                assert step.stop_ok
