@@ -222,6 +222,8 @@ class PairStatic:
     best_run: np.ndarray  # [R]
     best_cost: np.ndarray  # [R]
     ref: np.ndarray  # [R, P] pools the ratios compare against (feasible, or all if none is)
+    #: some pool has zero slots (scaled to zero workers: its wait includes a boot)
+    zero_slots: bool = False
 
 
 def pair_static(tasks: Sequence[TaskNode], pools: Sequence[PoolState]) -> PairStatic:
@@ -253,6 +255,7 @@ def pair_static(tasks: Sequence[TaskNode], pools: Sequence[PoolState]) -> PairSt
         best_run=best_run,
         best_cost=best_cost,
         ref=ref,
+        zero_slots=any(p.slots == 0 for p in pools),
     )
 
 
@@ -269,18 +272,23 @@ def pair_dynamic(ps: PairStatic, rows: np.ndarray, placed: np.ndarray) -> np.nda
     pool scaled to zero workers must boot one, charged as one extra run time.
     """
     run_s = ps.run_s[rows]  # [r, P]
-    slots = ps.slots[None, :]
-    backlog = (ps.base_backlog + placed)[None, :]
-    wait_s = np.where(backlog < slots, 0.0, (backlog - slots + 1) / np.maximum(slots, 1.0) * run_s)
-    wait_s = np.where(slots == 0, wait_s + run_s, wait_s)
+    # [P] pool quantities broadcast over the rows (elementwise the same float64 operations as a
+    # [r, P] computation; the decode loop calls this once a step, so it avoids extra calls)
+    slots = ps.slots
+    backlog = ps.base_backlog + placed
+    free = backlog < slots
+    per_slot = np.maximum(slots, 1.0)
+    wait_s = np.where(free, 0.0, (backlog - slots + 1) / per_slot * run_s)
+    if ps.zero_slots:  # a pool scaled to zero workers
+        wait_s = np.where(slots == 0, wait_s + run_s, wait_s)
     finish = wait_s + run_s
     best_finish = np.maximum(np.where(ps.ref[rows], finish, np.inf).min(axis=1, keepdims=True), 1e-6)
     d = np.empty((*run_s.shape, len(DYNAMIC_PAIR_COLUMNS)), dtype=np.float32)
     d[..., 0] = np.log1p(wait_s) / _LOG
     d[..., 1] = np.log1p(finish) / _LOG
     d[..., 2] = np.minimum(np.log(np.maximum(finish, 1e-6) / best_finish), 3.0)
-    d[..., 3] = np.broadcast_to(backlog < slots, run_s.shape)
-    d[..., 4] = np.broadcast_to(np.minimum(backlog / np.maximum(slots, 1.0), 10.0), run_s.shape)
+    d[..., 3] = free
+    d[..., 4] = np.minimum(backlog / per_slot, 10.0)
     return d
 
 

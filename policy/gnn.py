@@ -39,7 +39,7 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -63,6 +63,7 @@ from policy.schema import Decision, PlacementRequest, RunGraph
 log = logging.getLogger(__name__)
 
 _EMBED_CACHE_SIZE = 512
+_POOL_CACHE_SIZE = 256
 
 
 @dataclass
@@ -119,6 +120,7 @@ class GNNPlacer:
         self.explain = explain
         self.rng = np.random.default_rng(seed)
         self._embed: OrderedDict[tuple[str, str], tuple[Tensor, Tensor]] = OrderedDict()
+        self._pools: OrderedDict[bytes, tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._weights = self.model.numpy_weights()
         #: arrays of place_many's batched steps: None (numpy on a CPU, torch tensors on a GPU),
         #: "numpy" or "torch" (tests run the GPU's code on the CPU with "torch")
@@ -136,6 +138,7 @@ class GNNPlacer:
     def clear_cache(self) -> None:
         """Forget cached run embeddings and weights (call after changing the model's weights)."""
         self._embed.clear()
+        self._pools.clear()
         self._weights = self.model.numpy_weights()
 
     # --- decoding ------------------------------------------------------------------------------
@@ -169,16 +172,33 @@ class GNNPlacer:
         s_all = torch.stack(s_rows)
         return h_all[torch.from_numpy(offs[fb.ready_run] + fb.ready_node).to(self.device)], s_all[rr]
 
+    def _pool_parts(self, pool_x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(b [P, H], g [H])``: the pool side of the head and the cluster summary, cached by the
+        pool features (a catalogue's pools repeat their load states from request to request)."""
+        key = pool_x.tobytes() + repr(pool_x.shape).encode()
+        hit = self._pools.get(key)
+        if hit is not None:
+            self._pools.move_to_end(key)
+            return hit
+        q, g = self.model.encode_pools(torch.from_numpy(pool_x).to(self.device).unsqueeze(0))
+        hit = (self.model.pool_part(q, g)[0].cpu().numpy(), g[0].cpu().numpy())
+        self._pools[key] = hit
+        if len(self._pools) > _POOL_CACHE_SIZE:
+            self._pools.popitem(last=False)
+        return hit
+
     @torch.no_grad()
     def decode(
         self, request: PlacementRequest, graphs: Mapping[str, RunGraph], *, temperature: float | None = None
     ) -> Decoded:
         """Decide the ready tasks of ``request`` step by step (see the module docstring)."""
         temp = self.temperature if temperature is None else temperature
-        return self._decode_features(featurize(request, graphs, pairs=False), temp)
+        return self._decode_features(featurize(request, graphs, pairs=False), temp, logp=True)
 
     @torch.no_grad()
-    def _decode_features(self, fb: FeatureBatch, temp: float) -> Decoded:
+    def _decode_features(self, fb: FeatureBatch, temp: float, *, logp: bool = False) -> Decoded:
+        """:meth:`decode` of a featurized request; ``Decoded.logp`` is computed only with
+        ``logp=True`` or ``temp > 0`` (the placer's greedy path does not need it)."""
         num_pools = fb.num_pools
         n = fb.num_ready
         actions = np.full(n, -1, dtype=np.int64)
@@ -190,42 +210,60 @@ class GNNPlacer:
         model = self.model
         h_ready, s_ready = self._run_embeddings(fb)
         ready_x = torch.from_numpy(fb.ready_x).to(self.device)
-        q, g = model.encode_pools(torch.from_numpy(fb.pool_x).to(self.device).unsqueeze(0))
-        b_np = model.pool_part(q, g)[0].cpu().numpy()  # [P, H]
+        b_np, g_np = self._pool_parts(fb.pool_x)  # [P, H], [H]
         a_np = model.task_part(h_ready, s_ready, ready_x).cpu().numpy()  # [R, H]
-        g_np = g[0].cpu().numpy()
         wt = self._weights
         busy_anywhere = any(p.busy + p.queued > 0 for p in fb.pools)
         rows = fb.order.copy()
         placed = np.zeros(num_pools, dtype=np.float64)
+        n_placed = 0
         total_logp = 0.0
         # The static pair columns and their share of the first head layer are computed once; a
         # step only recomputes the few columns that depend on the backlog placed so far.
-        dyn = list(DYNAMIC_PAIR_COLUMNS)
+        dyn = np.array(DYNAMIC_PAIR_COLUMNS)
         x_all, m_all = pair_rows(fb.pairs, np.arange(n), placed)  # [R, P, F]
-        c_dyn = wt["c_t"][dyn]  # [5, H]
+        c_t = wt["c_t"]
+        c_dyn = c_t[dyn]  # [5, H]
+        c_tt = c_t.T.copy()  # [H, F]
+        w, w_b = wt["w"], wt["b"]
         static_x = x_all.copy()
         static_x[..., dyn] = 0.0
-        pre = a_np[:, None, :] + b_np[None] + static_x @ wt["c_t"]  # [R, P, H]
+        pre = a_np[:, None, :] + b_np[None] + static_x @ c_t  # [R, P, H]
         keep_all = m_all | ~m_all.any(axis=1, keepdims=True)
+        blocked = None if keep_all.all() else ~keep_all  # rows x pools masked to NEG_INF
+        # One step costs a few dozen numpy calls on arrays of a few hundred numbers, so calls are
+        # what is saved: the stop head only when stop is allowed, the log-probability only when
+        # sampling or asked for (training), the argmax over pairs compared with stop directly.
         while len(rows):
             d = pair_dynamic(fb.pairs, rows, placed)  # [r, P, 5]
             z = np.maximum(pre[rows] + d @ c_dyn, 0.0)  # [r, P, H]
-            logits = (z @ wt["w"] + wt["b"]).astype(np.float64)
-            logits[~keep_all[rows]] = NEG_INF
-            stop_ok = self.allow_wait and (busy_anywhere or placed.sum() > 0) and not best_pool_free(d, m_all[rows])
-            hidden = np.maximum(np.concatenate([a_np[rows].mean(axis=0), g_np]) @ wt["s0_w"] + wt["s0_b"], 0.0)
-            stop = float(hidden @ wt["s2_w"] + wt["s2_b"][0]) if stop_ok else NEG_INF
-            flat = np.append(logits.ravel(), stop)
-            lp = flat - _logsumexp(flat)
-            if temp > 0:
-                zt = flat / temp
-                p = np.exp(zt - _logsumexp(zt))
-                choice = int(self.rng.choice(len(flat), p=p / p.sum()))
+            logits = (z @ w + w_b).astype(np.float64)
+            if blocked is not None:
+                logits[blocked[rows]] = NEG_INF
+            stop_ok = bool(self.allow_wait and (busy_anywhere or n_placed > 0)
+                           and not best_pool_free(d, m_all[rows]))
+            if stop_ok:
+                hidden = np.maximum(np.concatenate([a_np[rows].mean(axis=0), g_np]) @ wt["s0_w"] + wt["s0_b"], 0.0)
+                stop = float(hidden @ wt["s2_w"] + wt["s2_b"][0])
             else:
-                choice = int(np.argmax(flat))
-            total_logp += float(lp[choice])
-            if choice == len(flat) - 1:  # stop: hold every remaining row
+                stop = NEG_INF
+            stop_col = logits.size
+            if temp > 0 or logp:
+                flat = np.append(logits.ravel(), stop)
+                lp = flat - _logsumexp(flat)
+                if temp > 0:
+                    zt = flat / temp
+                    p = np.exp(zt - _logsumexp(zt))
+                    choice = int(self.rng.choice(len(flat), p=p / p.sum()))
+                else:
+                    choice = int(np.argmax(flat))
+                total_logp += float(lp[choice])
+            else:
+                # np.argmax over [logits, stop]: the first maximum, so stop only when greater
+                choice = int(logits.argmax())
+                if stop > logits.flat[choice]:
+                    choice = stop_col
+            if choice == stop_col:  # stop: hold every remaining row
                 steps.append(Step(placed.copy(), rows.copy(), None, stop_ok))
                 for k, r in enumerate(rows):
                     probs[r] = _softmax(logits[k])
@@ -241,15 +279,16 @@ class GNNPlacer:
             x = x_all[r].copy()
             x[:, dyn] = d[k]
             # d logit[p] / d x[p] = C^T (w * 1[z[p] > 0]): exact, and nearly free here.
-            contrib[r] = ((z[k] > 0) * wt["w"]) @ wt["c_t"].T * x
+            contrib[r] = ((z[k] > 0) * w) @ c_tt * x
             fb.pair_x[r], fb.mask[r] = x, m_all[r]
             placed[pool] += 1
-            rows = np.delete(rows, k)
+            n_placed += 1
+            rows = np.concatenate((rows[:k], rows[k + 1:]))
         return Decoded(fb, actions, steps, total_logp, probs, contrib)
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
         """Decisions in dispatch order; tasks the policy holds (stop) get none and stay ready."""
-        dec = self.decode(request, graphs)
+        dec = self._decode_features(featurize(request, graphs, pairs=False), self.temperature)
         return self._decisions(dec, dec.placed_order)
 
     def place_many(
@@ -332,12 +371,15 @@ class GNNPlacer:
 
     def _decisions(self, dec: Decoded, order: Sequence[int]) -> list[Decision]:
         fb = dec.batch
+        rows = np.asarray(order, dtype=np.int64)
+        reasons = explain_rows(dec, rows) if self.explain else [""] * len(rows)
+        choices = dec.actions[rows].tolist()
+        scores = dec.probs[rows, dec.actions[rows]].tolist()
+        fits = np.asarray(fb.mask[rows].any(axis=1)).tolist()
         out: list[Decision] = []
-        for i in order:
-            choice = int(dec.actions[i])
+        for i, choice, score, reason, fit in zip(order, choices, scores, reasons, fits, strict=True):
             pool = fb.pools[choice]
-            reason = explain_row(dec, i) if self.explain else ""
-            if not fb.mask[i].any():
+            if not fit:
                 t = fb.tasks[i]
                 reason += f"; no pool fits cpus={t.cpus:g} mem={t.memory_gb:g}GB gpus={t.gpus:g}"
             ready = fb.ready[i]
@@ -347,7 +389,7 @@ class GNNPlacer:
                     task_id=ready.task_id,
                     pool=pool.name,
                     vm_class=pool.vm_class,
-                    score=float(dec.probs[i, choice]),
+                    score=score,
                     reason=reason,
                 )
             )
@@ -355,7 +397,7 @@ class GNNPlacer:
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - np.max(x))
+    e = np.exp(x - x.max())
     return e / e.sum()
 
 
@@ -447,8 +489,8 @@ class _Raw:
 
     __slots__ = ("x",)
 
-    def __init__(self, fb: FeatureBatch, row: int, pool: int) -> None:
-        self.x: list[float] = fb.pair_x[row, pool].tolist()
+    def __init__(self, x: list[float]) -> None:
+        self.x = x
 
     def __getitem__(self, key: str) -> float:
         value: float = _RAW[key](self.x)
@@ -479,15 +521,26 @@ _PHRASES = {
 def describe(fb: FeatureBatch, probs: np.ndarray, row: int, chosen: int, runner: int | None,
              pair: Mapping[str, float], top: int = 2) -> str:
     """A one-line reason from a row's pair attribution."""
+    if runner is None or runner >= fb.num_pools:
+        return _describe(fb, chosen, None, float(probs[row, chosen]), 0.0, [], [], pair.items(), top)
+    return _describe(fb, chosen, runner, float(probs[row, chosen]), float(probs[row, runner]),
+                     fb.pair_x[row, chosen].tolist(), fb.pair_x[row, runner].tolist(), pair.items(), top)
+
+
+def _describe(fb: FeatureBatch, chosen: int, runner: int | None, p_chosen: float, p_runner: float,
+              x_chosen: list[float], x_runner: list[float], pair: Iterable[tuple[str, float]],
+              top: int = 2) -> str:
+    """:func:`describe` from plain Python values (the pair features of the chosen and the
+    runner-up pool as lists), so a batch of rows is converted from numpy once."""
     pool = fb.pools[chosen]
-    text = f"{pool.name} ({pool.vm_class}) p={probs[row, chosen]:.2f}"
+    text = f"{pool.name} ({pool.vm_class}) p={p_chosen:.2f}"
     if runner is None or runner >= fb.num_pools:
         return text + ": only candidate"
     other = fb.pools[runner]
-    text += f" over {other.name} p={probs[row, runner]:.2f}"
-    c, r = _Raw(fb, row, chosen), _Raw(fb, row, runner)
+    text += f" over {other.name} p={p_runner:.2f}"
+    c, r = _Raw(x_chosen), _Raw(x_runner)
     seen: list[str] = []
-    for name, value in sorted(pair.items(), key=lambda kv: -abs(kv[1])):
+    for name, value in sorted(pair, key=lambda kv: -abs(kv[1])):
         if len(seen) >= top:
             break
         if value <= 0:
@@ -503,14 +556,36 @@ def describe(fb: FeatureBatch, probs: np.ndarray, row: int, chosen: int, runner:
 def explain_row(dec: Decoded, i: int) -> str:
     """The reason string of row ``i`` of a decoded batch, from the pair attributions that
     :meth:`GNNPlacer.decode` computed (chosen pool minus the runner-up)."""
+    return explain_rows(dec, np.array([i], dtype=np.int64))[0]
+
+
+def explain_rows(dec: Decoded, rows: np.ndarray) -> list[str]:
+    """:func:`explain_row` of each of ``rows``, with the array work done once for all of them
+    (the runner-up of a row is the most probable other pool, first in pool order on a tie)."""
     fb = dec.batch
-    chosen = int(dec.actions[i])
-    if chosen < 0:
-        chosen = int(np.argmax(dec.probs[i]))
-        prefix = "held for a better moment; best now "
+    if not len(rows):
+        return []
+    probs = dec.probs[rows]  # [k, P]
+    actions = dec.actions[rows]
+    held = actions < 0
+    chosen = np.where(held, probs.argmax(axis=1), actions)
+    k = np.arange(len(rows))
+    if probs.shape[1] > 1:
+        ranked = np.argsort(-probs, axis=1, kind="stable")
+        runner = np.where(ranked[:, 0] == chosen, ranked[:, 1], ranked[:, 0])
+        diff = dec.pair_contrib[rows, chosen] - dec.pair_contrib[rows, runner]  # [k, F]
+        p_runner = probs[k, runner].tolist()
+        x_runner = fb.pair_x[rows, runner].tolist()
+        runners: list[int | None] = runner.tolist()
     else:
-        prefix = ""
-    ranked = np.argsort(-dec.probs[i], kind="stable")
-    ru = next((int(j) for j in ranked if j != chosen), None)
-    diff = dec.pair_contrib[i, chosen] - (dec.pair_contrib[i, ru] if ru is not None else 0.0)
-    return prefix + describe(fb, dec.probs, i, chosen, ru, dict(zip(PAIR_FEATURES, diff.tolist(), strict=True)))
+        diff = dec.pair_contrib[rows, chosen] - 0.0
+        p_runner = [0.0] * len(rows)
+        x_runner = [[] for _ in rows]
+        runners = [None] * len(rows)
+    x_chosen = fb.pair_x[rows, chosen].tolist()
+    out = []
+    for j, (c, ru, d) in enumerate(zip(chosen.tolist(), runners, diff.tolist(), strict=True)):
+        text = _describe(fb, c, ru, float(probs[j, c]), p_runner[j], x_chosen[j], x_runner[j],
+                         zip(PAIR_FEATURES, d, strict=True))
+        out.append("held for a better moment; best now " + text if held[j] else text)
+    return out
