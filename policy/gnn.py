@@ -76,7 +76,7 @@ class Decoded:
     temperature 1; ``probs[r]`` the softmax over row ``r``'s pools at the step it was decided
     (or held); ``pair_contrib[r]`` gradient x input of each of row ``r``'s pool logits w.r.t. its
     own pair features at that step. ``batch.pair_x[r]`` holds the pair features of row ``r`` at
-    that step.
+    that step. ``order`` (when set) is the dispatch order, for a decoding that kept no steps.
     """
 
     batch: FeatureBatch
@@ -85,10 +85,13 @@ class Decoded:
     logp: float
     probs: np.ndarray
     pair_contrib: np.ndarray
+    order: list[int] | None = None
 
     @property
     def placed_order(self) -> list[int]:
         """Rows in the order they were sent (the dispatch order)."""
+        if self.order is not None:
+            return self.order
         return [st.action[0] for st in self.steps if st.action is not None]
 
 
@@ -193,12 +196,12 @@ class GNNPlacer:
     ) -> Decoded:
         """Decide the ready tasks of ``request`` step by step (see the module docstring)."""
         temp = self.temperature if temperature is None else temperature
-        return self._decode_features(featurize(request, graphs, pairs=False), temp, logp=True)
+        return self._decode_features(featurize(request, graphs, pairs=False), temp, record=True)
 
     @torch.no_grad()
-    def _decode_features(self, fb: FeatureBatch, temp: float, *, logp: bool = False) -> Decoded:
-        """:meth:`decode` of a featurized request; ``Decoded.logp`` is computed only with
-        ``logp=True`` or ``temp > 0`` (the placer's greedy path does not need it)."""
+    def _decode_features(self, fb: FeatureBatch, temp: float, *, record: bool = False) -> Decoded:
+        """:meth:`decode` of a featurized request; the steps and ``Decoded.logp`` (what training
+        needs) are kept only with ``record=True``, the placer's path goes without them."""
         num_pools = fb.num_pools
         n = fb.num_ready
         actions = np.full(n, -1, dtype=np.int64)
@@ -216,7 +219,7 @@ class GNNPlacer:
         busy_anywhere = any(p.busy + p.queued > 0 for p in fb.pools)
         rows = fb.order.copy()
         placed = np.zeros(num_pools, dtype=np.float64)
-        n_placed = 0
+        order: list[int] = []
         total_logp = 0.0
         # The static pair columns and their share of the first head layer are computed once; a
         # step only recomputes the few columns that depend on the backlog placed so far.
@@ -233,14 +236,19 @@ class GNNPlacer:
         blocked = None if keep_all.all() else ~keep_all  # rows x pools masked to NEG_INF
         # One step costs a few dozen numpy calls on arrays of a few hundred numbers, so calls are
         # what is saved: the stop head only when stop is allowed, the log-probability only when
-        # sampling or asked for (training), the argmax over pairs compared with stop directly.
+        # recorded, the argmax over pairs compared with stop directly, and the evidence of the
+        # placed rows (probabilities, features, gradient x input) computed for all of them after
+        # the steps from what each step kept of its chosen row.
+        d_kept = np.zeros((n, num_pools, len(dyn)), dtype=np.float32)
+        z_kept = np.zeros((n, num_pools, c_t.shape[1]), dtype=np.float32)
+        logits_kept = np.zeros((n, num_pools), dtype=np.float64)
         while len(rows):
             d = pair_dynamic(fb.pairs, rows, placed)  # [r, P, 5]
             z = np.maximum(pre[rows] + d @ c_dyn, 0.0)  # [r, P, H]
             logits = (z @ w + w_b).astype(np.float64)
             if blocked is not None:
                 logits[blocked[rows]] = NEG_INF
-            stop_ok = bool(self.allow_wait and (busy_anywhere or n_placed > 0)
+            stop_ok = bool(self.allow_wait and (busy_anywhere or order)
                            and not best_pool_free(d, m_all[rows]))
             if stop_ok:
                 hidden = np.maximum(np.concatenate([a_np[rows].mean(axis=0), g_np]) @ wt["s0_w"] + wt["s0_b"], 0.0)
@@ -248,23 +256,24 @@ class GNNPlacer:
             else:
                 stop = NEG_INF
             stop_col = logits.size
-            if temp > 0 or logp:
+            if temp > 0 or record:
                 flat = np.append(logits.ravel(), stop)
-                lp = flat - _logsumexp(flat)
                 if temp > 0:
                     zt = flat / temp
                     p = np.exp(zt - _logsumexp(zt))
                     choice = int(self.rng.choice(len(flat), p=p / p.sum()))
                 else:
                     choice = int(np.argmax(flat))
-                total_logp += float(lp[choice])
+                if record:
+                    total_logp += float(flat[choice] - _logsumexp(flat))
             else:
                 # np.argmax over [logits, stop]: the first maximum, so stop only when greater
                 choice = int(logits.argmax())
                 if stop > logits.flat[choice]:
                     choice = stop_col
             if choice == stop_col:  # stop: hold every remaining row
-                steps.append(Step(placed.copy(), rows.copy(), None, stop_ok))
+                if record:
+                    steps.append(Step(placed.copy(), rows.copy(), None, stop_ok))
                 for k, r in enumerate(rows):
                     probs[r] = _softmax(logits[k])
                     x = x_all[r].copy()
@@ -273,18 +282,23 @@ class GNNPlacer:
                 break
             k, pool = divmod(choice, num_pools)
             r = int(rows[k])
-            steps.append(Step(placed.copy(), rows.copy(), (r, pool), stop_ok))
+            if record:
+                steps.append(Step(placed.copy(), rows.copy(), (r, pool), stop_ok))
             actions[r] = pool
-            probs[r] = _softmax(logits[k])
-            x = x_all[r].copy()
-            x[:, dyn] = d[k]
-            # d logit[p] / d x[p] = C^T (w * 1[z[p] > 0]): exact, and nearly free here.
-            contrib[r] = ((z[k] > 0) * w) @ c_tt * x
-            fb.pair_x[r], fb.mask[r] = x, m_all[r]
+            order.append(r)
+            d_kept[r], z_kept[r], logits_kept[r] = d[k], z[k], logits[k]
             placed[pool] += 1
-            n_placed += 1
             rows = np.concatenate((rows[:k], rows[k + 1:]))
-        return Decoded(fb, actions, steps, total_logp, probs, contrib)
+        if order:
+            done = np.array(order)
+            e = np.exp(logits_kept[done] - logits_kept[done].max(axis=1, keepdims=True))
+            probs[done] = e / e.sum(axis=1, keepdims=True)
+            x = x_all[done]
+            x[..., dyn] = d_kept[done]
+            # d logit[p] / d x[p] = C^T (w * 1[z[p] > 0]): exact, and nearly free here.
+            contrib[done] = ((z_kept[done] > 0) * w) @ c_tt * x
+            fb.pair_x[done], fb.mask[done] = x, m_all[done]
+        return Decoded(fb, actions, steps, total_logp, probs, contrib, order)
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
         """Decisions in dispatch order; tasks the policy holds (stop) get none and stay ready."""
