@@ -292,6 +292,62 @@ def pair_dynamic(ps: PairStatic, rows: np.ndarray, placed: np.ndarray) -> np.nda
     return d
 
 
+class PairDynamics:
+    """:func:`pair_dynamic` for a request decoded one placement at a time (the placer's steps).
+
+    A step changes the backlog of one pool only, so the per-pool quantities (free slot, wait per
+    run second, backlog per slot) are kept and updated by :meth:`place`, in Python floats (the
+    same IEEE double operations as numpy's float64); a call then costs a dozen numpy operations
+    instead of thirty. ``dynamics(rows)`` equals ``pair_dynamic(ps, rows, placed)`` for the
+    tasks placed so far, bit for bit (tested).
+    """
+
+    def __init__(self, ps: PairStatic) -> None:
+        self.ps = ps
+        self._slots: list[float] = ps.slots.tolist()
+        self._per_slot: list[float] = np.maximum(ps.slots, 1.0).tolist()
+        self._backlog: list[float] = ps.base_backlog.tolist()
+        p = len(self._slots)
+        #: [P] pool has a free slot / wait per second of run time / min(backlog per slot, 10)
+        self.free = np.zeros(p, dtype=bool)
+        self._wait_per_run_s = np.zeros(p, dtype=np.float64)
+        self._load = np.zeros(p, dtype=np.float64)
+        self._zero = ps.slots == 0 if ps.zero_slots else None
+        for j in range(p):
+            self._update(j)
+
+    def _update(self, j: int) -> None:
+        backlog, slots, per_slot = self._backlog[j], self._slots[j], self._per_slot[j]
+        free = backlog < slots
+        self.free[j] = free
+        # pair_dynamic's np.where(free, 0, (backlog - slots + 1) / per_slot * run_s), factored:
+        # 0 * run_s is 0 for the finite, non-negative run times
+        self._wait_per_run_s[j] = 0.0 if free else (backlog - slots + 1) / per_slot
+        self._load[j] = min(backlog / per_slot, 10.0)
+
+    def place(self, pool: int) -> None:
+        """One more task sent to ``pool``."""
+        self._backlog[pool] += 1.0
+        self._update(pool)
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        """``[r, P, 5]``: :func:`pair_dynamic` of ``rows``."""
+        ps = self.ps
+        run_s = ps.run_s[rows]  # [r, P]
+        wait_s = run_s * self._wait_per_run_s
+        if self._zero is not None:
+            wait_s = np.where(self._zero, wait_s + run_s, wait_s)
+        finish = wait_s + run_s
+        best_finish = np.maximum(np.where(ps.ref[rows], finish, np.inf).min(axis=1, keepdims=True), 1e-6)
+        d = np.empty((*run_s.shape, len(DYNAMIC_PAIR_COLUMNS)), dtype=np.float32)
+        d[..., 0] = np.log1p(wait_s) / _LOG
+        d[..., 1] = np.log1p(finish) / _LOG
+        d[..., 2] = np.minimum(np.log(np.maximum(finish, 1e-6) / best_finish), 3.0)
+        d[..., 3] = self.free
+        d[..., 4] = self._load
+        return d
+
+
 def pair_rows(ps: PairStatic, rows: np.ndarray, placed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``([r, P, F_PAIR] features, [r, P] mask)`` of ``rows`` given ``placed[j]`` tasks already
     sent to pool ``j`` in this batch (the dynamic columns come from :func:`pair_dynamic`)."""

@@ -52,9 +52,9 @@ from policy.features import (
     PAIR_FEATURES,
     TASK_FEATURES,
     FeatureBatch,
+    PairDynamics,
     RunFeatures,
     featurize,
-    pair_dynamic,
     pair_rows,
 )
 from policy.model import NEG_INF, PlacementGNN, Step
@@ -242,14 +242,15 @@ class GNNPlacer:
         d_kept = np.zeros((n, num_pools, len(dyn)), dtype=np.float32)
         z_kept = np.zeros((n, num_pools, c_t.shape[1]), dtype=np.float32)
         logits_kept = np.zeros((n, num_pools), dtype=np.float64)
+        dynamics = PairDynamics(fb.pairs)
         while len(rows):
-            d = pair_dynamic(fb.pairs, rows, placed)  # [r, P, 5]
+            d = dynamics(rows)  # [r, P, 5]: pair_dynamic(fb.pairs, rows, placed)
             z = np.maximum(pre[rows] + d @ c_dyn, 0.0)  # [r, P, H]
             logits = (z @ w + w_b).astype(np.float64)
             if blocked is not None:
                 logits[blocked[rows]] = NEG_INF
             stop_ok = bool(self.allow_wait and (busy_anywhere or order)
-                           and not best_pool_free(d, m_all[rows]))
+                           and not (dynamics.free.any() and best_pool_free(d, m_all[rows])))
             if stop_ok:
                 hidden = np.maximum(np.concatenate([a_np[rows].mean(axis=0), g_np]) @ wt["s0_w"] + wt["s0_b"], 0.0)
                 stop = float(hidden @ wt["s2_w"] + wt["s2_b"][0])
@@ -288,6 +289,7 @@ class GNNPlacer:
             order.append(r)
             d_kept[r], z_kept[r], logits_kept[r] = d[k], z[k], logits[k]
             placed[pool] += 1
+            dynamics.place(pool)
             rows = np.concatenate((rows[:k], rows[k + 1:]))
         if order:
             done = np.array(order)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
-from gnn_helpers import big_request, diamond_request
+from gnn_helpers import big_request, diamond_request, mixed_requests
 
 from policy.errors import SchemaError
 from policy.features import (
@@ -14,8 +16,10 @@ from policy.features import (
     F_TASK,
     PAIR_FEATURES,
     TASK_FEATURES,
+    PairDynamics,
     featurize,
     kind_bucket,
+    pair_dynamic,
     pair_features,
 )
 
@@ -93,3 +97,31 @@ def test_big_request_shapes_and_finite() -> None:
     assert fb.pair_x.shape == (16, 3, F_PAIR)
     for arr in (fb.runs[0].x, fb.ready_x, fb.pool_x, fb.pair_x):
         assert np.isfinite(arr).all()
+
+
+def test_pair_dynamics_equals_pair_dynamic_bit_for_bit() -> None:
+    """The decoder's incremental pair columns are pair_dynamic's, exactly, after any sequence
+    of placements (busy pools, a pool down, a pool scaled to zero slots, pinned and infeasible
+    tasks)."""
+    rng = np.random.default_rng(3)
+    requests = mixed_requests()
+    req, graphs = requests[4]
+    zero = (replace(req.pools[0], slots=0, busy=0, queued=0), *req.pools[1:])
+    requests.append((replace(req, request_id="req-zero-slots", pools=zero), graphs))
+    checked = 0
+    for req, graphs in requests:
+        fb = featurize(req, graphs, pairs=False)
+        if not (fb.num_ready and fb.num_pools):
+            continue
+        dyn = PairDynamics(fb.pairs)
+        placed = np.zeros(fb.num_pools)
+        rows = fb.order.copy()
+        while len(rows):
+            got, want = dyn(rows), pair_dynamic(fb.pairs, rows, placed)
+            assert got.dtype == want.dtype and np.array_equal(got, want)
+            pool = int(rng.integers(fb.num_pools))
+            placed[pool] += 1
+            dyn.place(pool)
+            rows = np.delete(rows, int(rng.integers(len(rows))))
+            checked += 1
+    assert checked > 100
