@@ -273,7 +273,7 @@ def pair_dynamic(ps: PairStatic, rows: np.ndarray, placed: np.ndarray) -> np.nda
     """
     run_s = ps.run_s[rows]  # [r, P]
     # [P] pool quantities broadcast over the rows (elementwise the same float64 operations as a
-    # [r, P] computation; the decode loop calls this once a step, so it avoids extra calls)
+    # [r, P] computation, with fewer numpy calls)
     slots = ps.slots
     backlog = ps.base_backlog + placed
     free = backlog < slots
@@ -281,14 +281,21 @@ def pair_dynamic(ps: PairStatic, rows: np.ndarray, placed: np.ndarray) -> np.nda
     wait_s = np.where(free, 0.0, (backlog - slots + 1) / per_slot * run_s)
     if ps.zero_slots:  # a pool scaled to zero workers
         wait_s = np.where(slots == 0, wait_s + run_s, wait_s)
+    return _dynamic_columns(ps.ref[rows], run_s, wait_s, free, np.minimum(backlog / per_slot, 10.0))
+
+
+def _dynamic_columns(ref: np.ndarray, run_s: np.ndarray, wait_s: np.ndarray, free: np.ndarray,
+                     load: np.ndarray) -> np.ndarray:
+    """``[r, P, 5]`` from the rows' ``ref``, run and wait times ``[r, P]`` and the pools' free
+    slot and backlog per slot ``[P]`` (the tail of :func:`pair_dynamic`)."""
     finish = wait_s + run_s
-    best_finish = np.maximum(np.where(ps.ref[rows], finish, np.inf).min(axis=1, keepdims=True), 1e-6)
+    best_finish = np.maximum(np.where(ref, finish, np.inf).min(axis=1, keepdims=True), 1e-6)
     d = np.empty((*run_s.shape, len(DYNAMIC_PAIR_COLUMNS)), dtype=np.float32)
     d[..., 0] = np.log1p(wait_s) / _LOG
     d[..., 1] = np.log1p(finish) / _LOG
     d[..., 2] = np.minimum(np.log(np.maximum(finish, 1e-6) / best_finish), 3.0)
     d[..., 3] = free
-    d[..., 4] = np.minimum(backlog / per_slot, 10.0)
+    d[..., 4] = load
     return d
 
 
@@ -337,15 +344,7 @@ class PairDynamics:
         wait_s = run_s * self._wait_per_run_s
         if self._zero is not None:
             wait_s = np.where(self._zero, wait_s + run_s, wait_s)
-        finish = wait_s + run_s
-        best_finish = np.maximum(np.where(ps.ref[rows], finish, np.inf).min(axis=1, keepdims=True), 1e-6)
-        d = np.empty((*run_s.shape, len(DYNAMIC_PAIR_COLUMNS)), dtype=np.float32)
-        d[..., 0] = np.log1p(wait_s) / _LOG
-        d[..., 1] = np.log1p(finish) / _LOG
-        d[..., 2] = np.minimum(np.log(np.maximum(finish, 1e-6) / best_finish), 3.0)
-        d[..., 3] = self.free
-        d[..., 4] = self._load
-        return d
+        return _dynamic_columns(ps.ref[rows], run_s, wait_s, self.free, self._load)
 
 
 def pair_rows(ps: PairStatic, rows: np.ndarray, placed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
