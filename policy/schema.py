@@ -31,6 +31,12 @@ MAX_RUNS_PER_REQUEST = 1_024
 
 
 # --- small checked readers -------------------------------------------------------------------
+#
+# Each reader first tries the common case on a plain dict (what json.loads returns) with exact
+# type checks, which costs a fraction of the general path's ``isinstance(obj, Mapping)`` (an ABC
+# check); anything else takes the general path, which raises the same errors as before.
+
+_ABSENT = object()
 
 
 def _get(obj: Mapping[str, Any], key: str, where: str) -> Any:
@@ -42,6 +48,10 @@ def _get(obj: Mapping[str, Any], key: str, where: str) -> Any:
 
 
 def _str(obj: Mapping[str, Any], key: str, where: str, *, default: str | None = None) -> str:
+    if type(obj) is dict:
+        value = obj.get(key, _ABSENT)
+        if type(value) is str and value:
+            return value
     if default is not None and key not in obj:
         return default
     value = _get(obj, key, where)
@@ -62,6 +72,10 @@ def _opt_str(obj: Mapping[str, Any], key: str, where: str) -> str | None:
 def _num(
     obj: Mapping[str, Any], key: str, where: str, *, default: float | None = None, lo: float = 0.0
 ) -> float:
+    if type(obj) is dict:
+        value = obj.get(key)
+        if type(value) is float and math.isfinite(value) and value >= lo:
+            return value
     if default is not None and obj.get(key) is None:
         return default
     value = _get(obj, key, where)
@@ -75,6 +89,10 @@ def _num(
 def _int(
     obj: Mapping[str, Any], key: str, where: str, *, default: int | None = None, lo: int = 0
 ) -> int:
+    if type(obj) is dict:
+        value = obj.get(key)
+        if type(value) is int and value >= lo:
+            return value
     if default is not None and obj.get(key) is None:
         return default
     value = _get(obj, key, where)
@@ -86,6 +104,10 @@ def _int(
 
 
 def _list(obj: Mapping[str, Any], key: str, where: str, *, limit: int, default: bool = False) -> list[Any]:
+    if type(obj) is dict:
+        value = obj.get(key)
+        if type(value) is list and len(value) <= limit:
+            return value
     if default and obj.get(key) is None:
         return []
     value = _get(obj, key, where)
