@@ -73,6 +73,8 @@ _PAYLOAD = PAYLOAD_FIELD.encode()
 #: request ids we will answer: a reply key is built from them
 _REQUEST_ID = re.compile(rb'"request_id"\s*:\s*"([A-Za-z0-9_.:@/+=-]{1,200})"')
 _MAX_REQUEST_ID = 200
+#: while waiting for a micro-batch to fill (``batch_wait_ms``), seconds between non-blocking reads
+_BATCH_POLL_S = 0.0005
 
 
 class RequestRejected(PolicyError):
@@ -285,22 +287,25 @@ class PolicyServer:
         if not entries:
             entries = self._read(r, self.config.batch_max, self.config.block_ms)
         if entries and self.config.batch_wait_ms > 0:
+            # Poll without BLOCK: Redis times a blocked read out on its cron tick (every 100 ms at
+            # the default hz 10), so "BLOCK 2" on an idle stream returns after ~100 ms, not 2.
             until = time.monotonic() + self.config.batch_wait_ms / 1000
             while len(entries) < self.config.batch_max:
-                left_ms = int((until - time.monotonic()) * 1000)
-                if left_ms < 1:
+                more = self._read(r, self.config.batch_max - len(entries), None)
+                if more:
+                    entries.extend(more)
+                    continue
+                left = until - time.monotonic()
+                if left <= 0:
                     break
-                more = self._read(r, self.config.batch_max - len(entries), left_ms)
-                if not more:
-                    break
-                entries.extend(more)
+                self._stop.wait(min(left, _BATCH_POLL_S))
         if not entries:
             return 0
         jobs = self.handle(entries)
         self._reply(r, jobs)
         return len(jobs)
 
-    def _read(self, r: redis.Redis, count: int, block_ms: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    def _read(self, r: redis.Redis, count: int, block_ms: int | None) -> list[tuple[bytes, dict[bytes, bytes]]]:
         got: Any = r.xreadgroup(self.keys.group, self.config.consumer, {self.keys.requests: ">"},
                            count=count, block=block_ms)
         if not got:

@@ -9,7 +9,7 @@ import pytest
 import redis
 import torch
 from gnn_helpers import random_dag
-from server_helpers import KEYS, chain, request, send, send_raw, wait_reply
+from server_helpers import KEYS, ask, chain, request, send, send_raw, wait_reply
 
 from policy.arbiter import Arbiter
 from policy.gnn import GNNPlacer
@@ -90,3 +90,20 @@ def test_a_failing_request_costs_only_its_own_decisions(start_server, rclient: r
         else:
             assert [(d.task_id, d.pool, d.reason) for d in reply.decisions] == _expected(req)
     assert placer.batches[0] == len(reqs)
+
+
+def test_batch_wait_waits_milliseconds_not_a_redis_tick(start_server, rclient: redis.Redis) -> None:
+    """``batch_wait_ms`` polls: a blocked read would time out on Redis's cron tick (~100 ms at
+    the default hz 10), not after the few milliseconds asked for."""
+    from policy.placement import EarliestFinishPlacer
+
+    start_server(placer=EarliestFinishPlacer(), batch_wait_ms=5)
+    g = chain("dag/wait")
+    assert (reply := ask(rclient, request([g], [(g.run_key, "t0")]))) is not None and reply.ok  # warm
+    took = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        reply = ask(rclient, request([g], [(g.run_key, "t0")]))
+        took.append(time.perf_counter() - t0)
+        assert reply is not None and reply.ok
+    assert sorted(took)[2] < 0.05, took  # median; ~100 ms each with BLOCK 5
