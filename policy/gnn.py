@@ -517,6 +517,8 @@ def _yes(flag: float) -> str:
     return "yes" if flag else "no"
 
 
+_PAIR_INDEX = {name: i for i, name in enumerate(PAIR_FEATURES)}
+
 _PHRASES = {
     "log_eff_speed": lambda c, r: f"speed {c['speed']:.3g} vs {r['speed']:.3g}",
     "log_affinity": lambda c, r: f"affinity x{c['affinity']:.3g} vs x{r['affinity']:.3g}",
@@ -559,7 +561,10 @@ def _describe(fb: FeatureBatch, chosen: int, runner: int | None, p_chosen: float
     for name, value in sorted(pair, key=lambda kv: -abs(kv[1])):
         if len(seen) >= top:
             break
-        if value <= 0:
+        # a feature equal on both pools moved the margin only through the other features (the
+        # gradient differs, the input does not): it says nothing a reader can check, e.g.
+        # "only feasible pool" when both are feasible
+        if value <= 0 or x_chosen[_PAIR_INDEX[name]] == x_runner[_PAIR_INDEX[name]]:
             continue
         phrase = _PHRASES[name](c, r)
         if phrase not in seen:
