@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -57,6 +56,7 @@ from policy.features import (
     featurize,
     pair_rows,
 )
+from policy.lru import LRU
 from policy.model import NEG_INF, PlacementGNN, Step
 from policy.schema import Decision, PlacementRequest, RunGraph
 
@@ -122,8 +122,8 @@ class GNNPlacer:
         self.allow_wait = allow_wait
         self.explain = explain
         self.rng = np.random.default_rng(seed)
-        self._embed: OrderedDict[tuple[str, str], tuple[Tensor, Tensor]] = OrderedDict()
-        self._pools: OrderedDict[bytes, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._embed: LRU[tuple[str, str], tuple[Tensor, Tensor]] = LRU(_EMBED_CACHE_SIZE)
+        self._pools: LRU[bytes, tuple[np.ndarray, np.ndarray]] = LRU(_POOL_CACHE_SIZE)
         self._weights = self.model.numpy_weights()
         #: arrays of place_many's batched steps: None (numpy on a CPU, torch tensors on a GPU),
         #: "numpy" or "torch" (tests run the GPU's code on the CPU with "torch")
@@ -158,12 +158,7 @@ class GNNPlacer:
                 ei = torch.from_numpy(rf.edge_index).to(self.device)
                 node_run = torch.zeros(rf.num_nodes, dtype=torch.long, device=self.device)
                 h, s = self.model.encode_graph(x, ei, node_run, 1)
-                hit = (h, s[0])
-                self._embed[key] = hit
-                if len(self._embed) > _EMBED_CACHE_SIZE:
-                    self._embed.popitem(last=False)
-            else:
-                self._embed.move_to_end(key)
+                hit = self._embed.put(key, (h, s[0]))
             h_rows.append(hit[0])
             s_rows.append(hit[1])
         rn = torch.from_numpy(fb.ready_node).to(self.device)
@@ -181,14 +176,9 @@ class GNNPlacer:
         key = pool_x.tobytes() + repr(pool_x.shape).encode()
         hit = self._pools.get(key)
         if hit is not None:
-            self._pools.move_to_end(key)
             return hit
         q, g = self.model.encode_pools(torch.from_numpy(pool_x).to(self.device).unsqueeze(0))
-        hit = (self.model.pool_part(q, g)[0].cpu().numpy(), g[0].cpu().numpy())
-        self._pools[key] = hit
-        if len(self._pools) > _POOL_CACHE_SIZE:
-            self._pools.popitem(last=False)
-        return hit
+        return self._pools.put(key, (self.model.pool_part(q, g)[0].cpu().numpy(), g[0].cpu().numpy()))
 
     @torch.no_grad()
     def decode(
@@ -360,7 +350,6 @@ class GNNPlacer:
                     hs.append(None)
                     ss.append(None)
                 else:
-                    self._embed.move_to_end(key)
                     hs.append(hit[0])
                     ss.append(hit[1])
         if new:
@@ -373,9 +362,7 @@ class GNNPlacer:
             h, summary = self.model.encode_graph(tx, tei, tnr, len(new))
             for (pos, rf), h_run, s_run in zip(new, h.split(sizes), summary, strict=True):
                 hs[pos], ss[pos] = h_run, s_run
-                self._embed[(rf.run_key, rf.digest)] = (h_run, s_run)
-                if len(self._embed) > _EMBED_CACHE_SIZE:
-                    self._embed.popitem(last=False)
+                self._embed.put((rf.run_key, rf.digest), (h_run, s_run))
         h_list = [t for t in hs if t is not None]
         s_list = [t for t in ss if t is not None]
         node_off = np.cumsum([0] + [int(t.shape[0]) for t in h_list[:-1]])

@@ -6,12 +6,12 @@ so per-decision work is a lookup. Pure Python: the executor uses it for its fall
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from policy.errors import SchemaError
+from policy.lru import LRU
 from policy.schema import RunGraph
 
 
@@ -81,20 +81,12 @@ class GraphMemo(Generic[T]):
 
     def __init__(self, build: Callable[[RunGraph], T], size: int) -> None:
         self._build = build
-        self._size = size
-        self._entries: OrderedDict[tuple[str, str], T] = OrderedDict()
+        self._entries: LRU[tuple[str, str], T] = LRU(size)
 
     def __call__(self, graph: RunGraph) -> T:
         key = (graph.run_key, graph.digest)
         hit = self._entries.get(key)
-        if hit is not None:
-            self._entries.move_to_end(key)
-            return hit
-        built = self._build(graph)
-        self._entries[key] = built
-        if len(self._entries) > self._size:
-            self._entries.popitem(last=False)
-        return built
+        return hit if hit is not None else self._entries.put(key, self._build(graph))
 
 
 #: The :class:`GraphView` of a graph, cached.
