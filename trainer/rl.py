@@ -148,9 +148,11 @@ class Rollout:
     rewards: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))  # [D]
 
 
-def rollout(model: PlacementGNN, catalogue: Catalogue, jobs: Sequence[Any], sim_seed: int, sample_seed: int,
+def rollout(placer: GNNPlacer, catalogue: Catalogue, jobs: Sequence[Any], sim_seed: int, sample_seed: int,
             temperature: float, duration_noise: float) -> Rollout:
-    placer = GNNPlacer(model, version="rl", seed=sample_seed, explain=False)
+    """One episode sampled by ``placer`` (reseeded with ``sample_seed``). The K rollouts of an
+    iteration share one placer, so the runs' graph embeddings are computed once, not K times."""
+    placer.rng = np.random.default_rng(sample_seed)
     sampler = _Sampler(placer, temperature)
     sim = Simulator(catalogue, jobs, sampler, seed=sim_seed, config=SimConfig(duration_noise=duration_noise))
     result = sim.run()
@@ -357,7 +359,8 @@ def reinforce(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catal
                             config=SimConfig(duration_noise=args.duration_noise))
         ref_res = ref_sim.run()
         ref = reference_of(ref_res.jobs, ref_res.cost, deadline)
-        rollouts = [rollout(model, catalogue, jobs, stream_seed, args.seed * 1_000_003 + 101 * it + k,
+        placer = GNNPlacer(model, version="rl", explain=False)  # weights as of this iteration
+        rollouts = [rollout(placer, catalogue, jobs, stream_seed, args.seed * 1_000_003 + 101 * it + k,
                             args.rl_temperature, args.duration_noise) for k in range(args.rl_rollouts)]
         for ro in rollouts:
             ro.rewards = interval_rewards(ro, args.objective, args.cost_weight, ref, deadline)
