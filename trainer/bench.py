@@ -21,7 +21,7 @@ import math
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -171,6 +171,13 @@ COLUMNS = (
 )
 
 
+def text_table(head: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
+    """Aligned text lines: the first column left-aligned, the others right-aligned."""
+    widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
+    return ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+            for row in [head, *body]]
+
+
 def tables(out: dict[str, Any], markdown: bool = False) -> str:
     lines = []
     for spec in out["config"]["workflows"]:
@@ -189,12 +196,7 @@ def tables(out: dict[str, Any], markdown: bool = False) -> str:
             lines.append("|" + "---|" * len(head))
             lines.extend("| " + " | ".join(row) + " |" for row in body)
         else:
-            widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=True)]
-            pairs = list(zip(head, widths, strict=True))
-            lines.append("  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(pairs)))
-            for row in body:
-                lines.append("  ".join(c.rjust(w) if i else c.ljust(w)
-                                       for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+            lines.extend(text_table(head, body))
     ref = out["references"]["best_fixed"]
     lines.append(f"\nbest fixed baseline: {ref['policy']} "
                  f"(geometric mean of mean JCT {ref['geomean_mean_jct_s']:.0f} s)")

@@ -24,6 +24,7 @@ import numpy as np
 from policy.catalogue import Catalogue, load_catalogue
 from policy.schema import RunGraph
 from trainer.baselines import expand, make_placer
+from trainer.bench import text_table
 from trainer.bounds import critical_path_lb, makespan_lb
 from trainer.simulator import Job, Simulator
 from trainer.workloads import load_templates
@@ -73,12 +74,7 @@ def table(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> str:
              *[f"{r[f'{p}_over_lb']:.3f}" for p in cols]] for r in rows]
     med = medians(rows, policies)
     body.append(["median", "", "", "", *[f"{med[p]:.3f}" for p in cols]])
-    widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
-    lines = []
-    for line in [head, *body]:
-        cells = zip(line, widths, strict=True)
-        lines.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(cells)))
-    return "\n".join(lines)
+    return "\n".join(text_table(head, body))
 
 
 def run(args: argparse.Namespace) -> int:
