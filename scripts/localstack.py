@@ -17,6 +17,7 @@ Redis and PostgreSQL require passwords generated at first start.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import pwd
@@ -26,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -203,17 +205,40 @@ class Stack:
             raise StackError(f"PostgreSQL's {tool} not found: install the Debian package 'postgresql'")
         return found
 
+    @property
+    def pg_home(self) -> Path:
+        """Where PostgreSQL's data, socket folder (and, when moved, its log) live: the stack's
+        folder when the ``postgres`` user can reach it; else (a checkout inside a private folder,
+        e.g. ``mktemp -d``'s) a folder of the ``postgres`` user under the system's temp folder,
+        named after the stack's path and recorded in ``<state>/pg_home`` (a stack started afresh
+        at that path, without the record, starts that folder afresh too)."""
+        if _user_exists("postgres"):
+            pw = pwd.getpwnam("postgres")
+            if not _traversable_by(pw.pw_uid, pw.pw_gid, self.state):
+                digest = hashlib.sha1(str(self.state.resolve()).encode()).hexdigest()[:12]
+                return Path(tempfile.gettempdir()) / f"drl-pg-{digest}"
+        return self.state
+
     def start_postgres(self) -> None:
-        data = self.state / "pgdata"
-        run_dir = self.state / "pgrun"
+        home = self.pg_home
+        data = home / "pgdata"
+        run_dir = home / "pgrun"
         user = "postgres" if _user_exists("postgres") else None
         if user is None:
             raise StackError("system user 'postgres' missing: install the Debian package 'postgresql'")
         pw = pwd.getpwnam(user)
-        for d in (self.state, self.logs, run_dir):
+        for d in (self.state, self.logs):
             d.mkdir(parents=True, exist_ok=True)
+        if home != self.state:
+            marker = self.state / "pg_home"
+            if not marker.exists():  # a folder left by an earlier stack at this path: other secrets
+                shutil.rmtree(home, ignore_errors=True)
+            home.mkdir(mode=0o700, exist_ok=True)
+            os.chown(home, pw.pw_uid, pw.pw_gid)
+            marker.write_text(str(home) + "\n")
+        run_dir.mkdir(parents=True, exist_ok=True)
         os.chown(run_dir, pw.pw_uid, pw.pw_gid)
-        pg_log = self.logs / "postgres.log"
+        pg_log = (self.logs if home == self.state else home) / "postgres.log"
         pg_log.touch()
         os.chown(pg_log, pw.pw_uid, pw.pw_gid)
         if not (data / "PG_VERSION").exists():
@@ -246,7 +271,7 @@ class Stack:
                               capture_output=True, check=False).returncode == 0
 
     def stop_postgres(self) -> None:
-        data = self.state / "pgdata"
+        data = self.pg_home / "pgdata"
         if (data / "postmaster.pid").exists():
             subprocess.run(["runuser", "-u", "postgres", "--", self.pg_bin("pg_ctl"), "-D", str(data),
                             "-m", "fast", "-w", "stop"], capture_output=True, check=False)
@@ -415,6 +440,20 @@ def _alive(pid: int) -> bool:
         return done == 0
     except ChildProcessError:
         return True
+
+
+def _traversable_by(uid: int, gid: int, path: Path) -> bool:
+    """Whether a process of ``uid``/``gid`` can enter every existing folder on the way to
+    ``path`` (folders still to be made get the default, traversable mode)."""
+    p = path.resolve()
+    for d in [*reversed(p.parents), p]:
+        if not d.exists():
+            break
+        st = d.stat()
+        bit = 0o100 if st.st_uid == uid else 0o010 if st.st_gid == gid else 0o001
+        if not st.st_mode & bit:
+            return False
+    return True
 
 
 def _user_exists(name: str) -> bool:
