@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from _checks import check_conservation
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -209,6 +210,7 @@ def test_no_policy_beats_the_makespan_bound(data, policy):
     assert result.makespan_s >= lb * (1 - 1e-9) - 1e-9
 
 
+@pytest.mark.skipif(not TRACES.is_dir(), reason="the shared WfInstances are not checked out here")
 def test_no_policy_beats_the_makespan_bound_on_the_real_traces():
     cat = CATS["speeds-1-2-4"]
     rows = single_dag_rows([load_wfformat(f) for f in sorted(TRACES.glob("*.json"))], cat, BASELINES)
@@ -217,6 +219,7 @@ def test_no_policy_beats_the_makespan_bound_on_the_real_traces():
         assert r["best_over_lb"] >= 1 - 1e-9, r["workflow"]
 
 
+@pytest.mark.skipif(not TRACES.is_dir(), reason="the shared WfInstances are not checked out here")
 def test_makespan_bound_of_the_helloworld_fork_join():
     # root 100.187, eight middle tasks (107.353 ... 102.475, 828.697 in all), join 99.82, on
     # speeds 1/2/4 with 8/4/2 slots. Head of the middle: 100.187 / 4; tail: 99.82 / 4. Middle

@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from trainer.cli import main
 
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "workflows" / "wfinstances"
 
 
+@pytest.mark.skipif(not TRACES.is_dir(), reason="the shared WfInstances are not checked out here")
 def test_makespan_command_prints_ratios_and_writes_json(tmp_path, capsys):
     out = tmp_path / "makespan.json"
     files = ",".join(str(TRACES / f) for f in ("helloworld-chain-5-chameleon.json",
