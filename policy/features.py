@@ -230,15 +230,32 @@ def pair_static(tasks: Sequence[TaskNode], pools: Sequence[PoolState]) -> PairSt
     """Precompute the choice-independent pair quantities of ``tasks`` x ``pools``."""
     r, n = len(tasks), len(pools)
     base_speed = np.array([p.speed for p in pools], dtype=np.float64)
-    affinity = np.array([[p.affinity.get(t.kind, 1.0) for p in pools] for t in tasks], dtype=np.float64)
-    affinity = affinity.reshape(r, n)
+    # Ready tasks share a handful of kinds and resource shapes: each distinct one is looked up
+    # against the pools once (a 1,000-task run can have hundreds of ready tasks per request).
+    kinds: dict[str, int] = {}
+    shapes: dict[tuple[str | None, float, float, float], int] = {}
+    kind_of = np.empty(r, dtype=np.int64)
+    shape_of = np.empty(r, dtype=np.int64)
+    shape_task: list[TaskNode] = []
+    for i, t in enumerate(tasks):
+        kind_of[i] = kinds.setdefault(t.kind, len(kinds))
+        key = (t.pool, t.cpus, t.memory_gb, t.gpus)
+        k = shapes.get(key)
+        if k is None:
+            k = shapes[key] = len(shape_task)
+            shape_task.append(t)
+        shape_of[i] = k
+    kind_aff = np.array([[p.affinity.get(kind, 1.0) for p in pools] for kind in kinds], dtype=np.float64)
+    affinity = kind_aff.reshape(len(kinds), n)[kind_of]
     speed = base_speed[None, :] * affinity
     dur = np.array([t.duration_s for t in tasks], dtype=np.float64)
     run_s = dur[:, None] / np.maximum(speed, 1e-3)
     price = np.array([p.price_per_hour for p in pools], dtype=np.float64)
     cost = run_s * price[None, :] / 3600.0
-    mask = np.array([[p.up and p.fits(t) for p in pools] for t in tasks], dtype=bool).reshape(r, n)
-    pinned = np.array([[t.pool == p.name for p in pools] for t in tasks], dtype=bool).reshape(r, n)
+    shape_mask = np.array([[p.up and p.fits(t) for p in pools] for t in shape_task], dtype=bool)
+    shape_pin = np.array([[t.pool == p.name for p in pools] for t in shape_task], dtype=bool)
+    mask = shape_mask.reshape(len(shape_task), n)[shape_of]
+    pinned = shape_pin.reshape(len(shape_task), n)[shape_of]
     ref = mask | ~mask.any(axis=1, keepdims=True)
     big = np.where(ref, run_s, np.inf)
     best_run = np.maximum(big.min(axis=1) if n else np.ones(r), 1e-6)
@@ -442,6 +459,7 @@ def featurize(
     ready_node = np.zeros(len(request.ready), dtype=np.int64)
     ready_run = np.zeros(len(request.ready), dtype=np.int64)
     tasks: list[TaskNode] = []
+    ranks: list[float] = []
     for i, ready in enumerate(request.ready):
         graph = graphs.get(ready.run_key)
         if graph is None:
@@ -456,6 +474,7 @@ def featurize(
         ready_node[i] = j
         ready_run[i] = run_pos[ready.run_key]
         tasks.append(graph.tasks[j])
+        ranks.append(rf.view.rank[j])
 
     ready_per_run = np.bincount(ready_run, minlength=len(runs)) if len(request.ready) else np.zeros(0)
     run_dyn = np.zeros((len(runs), 6), dtype=np.float32)
@@ -475,6 +494,10 @@ def featurize(
             min(prog.age_s / cp, 10.0),
             math.log1p(max(work - done_work, 0.0)) / _LOG,
         )
+    # decode_order's keys, from the arrays at hand: longest remaining critical path, then priority
+    up = np.array(ranks, dtype=np.float64)  # [R] upward rank of each ready task
+    prio = np.array([t.priority for t in tasks], dtype=np.float64)
+    order = np.lexsort((np.arange(len(tasks)), -prio, -up)).astype(np.int64)
     ready_x = np.zeros((len(request.ready), F_READY), dtype=np.float32)
     if len(request.ready):
         ready_x[:, :6] = run_dyn[ready_run]
@@ -482,7 +505,6 @@ def featurize(
         ready_x[:, 7] = math.log1p(len(request.ready))
         ready_x[:, 8] = [r.try_number > 1 for r in request.ready]
 
-    order = decode_order(request, graphs)
     pools = request.pools
     pair_x = np.zeros((len(request.ready), len(pools), F_PAIR), dtype=np.float32)
     mask = np.zeros((len(request.ready), len(pools)), dtype=bool)

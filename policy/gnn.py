@@ -265,11 +265,11 @@ class GNNPlacer:
             if choice == stop_col:  # stop: hold every remaining row
                 if record:
                     steps.append(Step(placed.copy(), rows.copy(), None, stop_ok))
-                for k, r in enumerate(rows):
-                    probs[r] = _softmax(logits[k])
-                    x = x_all[r].copy()
-                    x[:, dyn] = d[k]
-                    fb.pair_x[r], fb.mask[r] = x, m_all[r]
+                e = np.exp(logits - logits.max(axis=1, keepdims=True))
+                probs[rows] = e / e.sum(axis=1, keepdims=True)
+                x = x_all[rows]
+                x[..., dyn] = d
+                fb.pair_x[rows], fb.mask[rows] = x, m_all[rows]
                 break
             k, pool = divmod(choice, num_pools)
             r = int(rows[k])
@@ -397,11 +397,6 @@ class GNNPlacer:
                 )
             )
         return out
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max())
-    return e / e.sum()
 
 
 def _logsumexp(x: np.ndarray) -> float:

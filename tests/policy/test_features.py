@@ -125,3 +125,18 @@ def test_pair_dynamics_equals_pair_dynamic_bit_for_bit() -> None:
             rows = np.delete(rows, int(rng.integers(len(rows))))
             checked += 1
     assert checked > 100
+
+
+def test_featurize_order_is_decode_order() -> None:
+    """featurize's vectorised order (and pair_static's per-shape lookups) agree with the plain
+    definitions on requests of 4-1,000 tasks with pins, a task no pool holds and a pool down."""
+    from policy.features import decode_order, pair_static
+
+    for req, graphs in mixed_requests():
+        fb = featurize(req, graphs)
+        np.testing.assert_array_equal(fb.order, decode_order(req, graphs))
+        ps = pair_static(fb.tasks, req.pools)
+        want_mask = [[p.up and p.fits(t) for p in req.pools] for t in fb.tasks]
+        want_aff = [[p.affinity.get(t.kind, 1.0) for p in req.pools] for t in fb.tasks]
+        assert ps.mask.tolist() == want_mask
+        assert ps.affinity.tolist() == want_aff
