@@ -2,7 +2,8 @@
 
 One readable loop, CleanRL style (``cleanrl/ppo.py``): an :class:`Args` dataclass is the CLI,
 scalars are logged by ``global_step`` under ``losses/``, ``charts/`` and ``eval/`` prefixes (a
-JSON-lines file ``log.jsonl`` next to the checkpoint; TensorBoard is not a dependency).
+JSON-lines file ``log.jsonl`` next to the checkpoint, and TensorBoard event files in ``tb/``
+when ``tensorboardX`` is installed, as it is with the ``trainer`` extra).
 
 **Imitation (DAgger)** of the per-setting best heuristic. For each training setting (a workload
 family) the candidate baselines are simulated once on a probe stream and the one with the lowest
@@ -375,6 +376,17 @@ def imitate(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catalog
     return global_step, time.perf_counter() - t_start
 
 
+def tensorboard_writer(logdir: Path) -> Any:
+    """A TensorBoard event writer on ``logdir`` (``tensorboardX``, in the ``trainer`` extra), or
+    None when it is not installed: log.jsonl holds the same scalars either way."""
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError:
+        log.info("tensorboardX is not installed: scalars go to log.jsonl only")
+        return None
+    return SummaryWriter(str(logdir))
+
+
 def train(args: Args) -> dict[str, Any]:
     """Train, save the checkpoint into ``args.out`` and return the summary written there."""
     t_start = time.perf_counter()
@@ -384,10 +396,15 @@ def train(args: Args) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     logf = (out / "log.jsonl").open("w")
+    tb = tensorboard_writer(out / "tb")
 
     def record(global_step: int, **scalars: float) -> None:
         logf.write(json.dumps({"global_step": global_step, **scalars}) + "\n")
         logf.flush()
+        if tb is not None:
+            for tag, value in scalars.items():
+                tb.add_scalar(tag, value, global_step)
+            tb.flush()
 
     catalogue = load_catalogue(args.pools)
     settings = settings_from(args.workflows, args.seed)
@@ -422,6 +439,8 @@ def train(args: Args) -> dict[str, Any]:
                 "command": "drl-trainer train " + " ".join(_flags(args))}
     save_checkpoint(model, out, training=training, evaluation=evaluation)
     logf.close()
+    if tb is not None:
+        tb.close()
     summary = {"training": training, "evaluation": evaluation}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

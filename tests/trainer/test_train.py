@@ -57,3 +57,8 @@ def test_cli_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
     assert training["teachers"] == {"mlpipeline": "srpt+eft"}
     assert "drl" in placer.manifest["evaluation"]["heldout"]["etl"]
     assert (tmp_path / "ckpt" / "log.jsonl").read_text().count("losses/loss") == 2
+    # the same scalars as TensorBoard event files (tensorboardX is in the trainer extra)
+    events = list((tmp_path / "ckpt" / "tb").glob("events.out.tfevents.*"))
+    assert len(events) == 1
+    data = events[0].read_bytes()
+    assert b"losses/loss" in data and b"eval/etl/drl/mean_jct_s" in data
