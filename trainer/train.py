@@ -41,6 +41,7 @@ import dataclasses
 import json
 import logging
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -402,8 +403,8 @@ def train(args: Args) -> dict[str, Any]:
         logf.write(json.dumps({"global_step": global_step, **scalars}) + "\n")
         logf.flush()
         if tb is not None:
-            for tag, value in scalars.items():
-                tb.add_scalar(tag, value, global_step)
+            for tag, value in scalars.items():  # TensorBoard's legal tag characters (no commas)
+                tb.add_scalar(re.sub(r"[^-/\w.]", "_", tag), value, global_step)
             tb.flush()
 
     catalogue = load_catalogue(args.pools)
