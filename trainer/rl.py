@@ -325,17 +325,21 @@ def eval_score(settings: Sequence[Setting], args: Args, res: dict[str, Any],
 
 
 def reinforce(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catalogue, args: Args,
-              record: Callable[..., None], global_step: int = 0) -> dict[str, Any]:
+              record: Callable[..., None], global_step: int = 0,
+              select: Sequence[Setting] = ()) -> dict[str, Any]:
     """The PPO loop (see the module docstring) on ``model``, in place; the settings' teachers must
-    be chosen. Returns a summary (best eval score, iterations, wall time)."""
+    be chosen. The weights kept are those scoring best on ``select`` (settings not trained on,
+    teachers chosen) or, without it, on the training settings' evaluation streams. Returns a
+    summary (best eval score, iterations, wall time)."""
     from trainer.train import evaluate, make_stream
 
     t0 = time.perf_counter()
     rng = np.random.default_rng([args.seed, 41])
     opt = torch.optim.Adam(model.parameters(), lr=args.rl_lr)
     rho: dict[str, float] = {}
-    reference = evaluate(model, settings, catalogue, args, baselines=sorted({s.teacher for s in settings}))
-    best_score, ratios = eval_score(settings, args, reference, reference)
+    scored = list(select) or list(settings)
+    reference = evaluate(model, scored, catalogue, args, baselines=sorted({s.teacher for s in scored}))
+    best_score, ratios = eval_score(scored, args, reference, reference)
     best_state, best_iter = copy.deepcopy(model.state_dict()), -1
     record(global_step, **{"eval/rl_score": best_score}, **{f"eval/rl_ratio/{k}": v for k, v in ratios.items()})
     try:
@@ -394,7 +398,7 @@ def reinforce(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catal
                      np.mean(jct) / max(ref_jct, 1e-9), stats["approx_kl"])
         done = it + 1
         if args.rl_eval_every and (done % args.rl_eval_every == 0 or done == args.rl_iters):
-            score, ratios = eval_score(settings, args, evaluate(model, settings, catalogue, args), reference)
+            score, ratios = eval_score(scored, args, evaluate(model, scored, catalogue, args), reference)
             record(global_step, **{"eval/rl_score": score}, **{f"eval/rl_ratio/{k}": v for k, v in ratios.items()})
             if score < best_score:
                 best_score, best_state, best_iter = score, copy.deepcopy(model.state_dict()), it

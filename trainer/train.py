@@ -146,6 +146,9 @@ class Args:
     rl_eval_every: int = 5
     #: stop the RL loop after this many seconds (0 = no limit)
     rl_time_limit_s: float = 0.0
+    #: keep the weights that score best on these settings (a validation family, not trained on,
+    #: not a test family) instead of on the training settings' evaluation streams ("" = those)
+    rl_select: str = ""
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -422,7 +425,9 @@ def train(args: Args) -> dict[str, Any]:
     if args.rl_iters:
         from trainer.rl import reinforce
 
-        rl = reinforce(model, settings, catalogue, args, record, global_step)
+        select = settings_from(args.rl_select, args.seed + 2) if args.rl_select else []
+        choose_teachers(select, catalogue, args)
+        rl = reinforce(model, settings, catalogue, args, record, global_step, select=select)
     evaluation = {
         "train": evaluate(model, settings, catalogue, args,
                           baselines=[*sorted({s.teacher for s in settings}), "random"]),

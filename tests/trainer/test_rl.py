@@ -68,6 +68,25 @@ def test_same_seed_same_numbers() -> None:
     assert logs[0] == logs[1]
 
 
+def test_selection_on_a_validation_family() -> None:
+    """With ``select``, the kept weights are scored on the validation family only, and they are
+    the best-scoring evaluated weights (the starting ones included)."""
+    torch.manual_seed(3)
+    args, catalogue, settings = _tiny(seed=3, iters=4)
+    args.rl_eval_every = 2
+    select = settings_from("etl", seed=2)
+    select[0].teacher = "srpt+eft"
+    model = PlacementGNN(ModelConfig(hidden=8, layers=1))
+    rows: list[dict[str, float]] = []
+    out = reinforce(model, settings, catalogue, args, lambda step, **kv: rows.append(kv), select=select)
+    scored = [r for r in rows if "eval/rl_score" in r]
+    assert len(scored) == 3  # before, after iterations 2 and 4
+    assert all(set(k for k in r if k.startswith("eval/rl_ratio/")) == {"eval/rl_ratio/etl"} for r in scored)
+    assert out["rl_best_eval_score"] == min(r["eval/rl_score"] for r in scored)
+    kept = evaluate(model, select, catalogue, args, baselines=["srpt+eft"])["etl"]
+    assert kept["drl"]["mean_jct_s"] / kept["srpt+eft"]["mean_jct_s"] == pytest.approx(out["rl_best_eval_score"])
+
+
 def _job(key: str, arrival: float, finish: float) -> JobRecord:
     return JobRecord(key, arrival, finish, 1)
 
