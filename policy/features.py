@@ -426,6 +426,7 @@ def decode_order(request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> n
     """``[R]`` ready rows in decode order: longest remaining critical path first, then priority.
 
     The same order as :func:`policy.placement.ordered_ready`, so imitation targets line up.
+    The plain definition: :func:`featurize` sorts by the same keys from its arrays (tested equal).
     """
     keys = []
     for i, ready in enumerate(request.ready):

@@ -265,8 +265,7 @@ class GNNPlacer:
             if choice == stop_col:  # stop: hold every remaining row
                 if record:
                     steps.append(Step(placed.copy(), rows.copy(), None, stop_ok))
-                e = np.exp(logits - logits.max(axis=1, keepdims=True))
-                probs[rows] = e / e.sum(axis=1, keepdims=True)
+                probs[rows] = _softmax_rows(logits)
                 x = x_all[rows]
                 x[..., dyn] = d
                 fb.pair_x[rows], fb.mask[rows] = x, m_all[rows]
@@ -283,8 +282,7 @@ class GNNPlacer:
             rows = np.concatenate((rows[:k], rows[k + 1:]))
         if order:
             done = np.array(order)
-            e = np.exp(logits_kept[done] - logits_kept[done].max(axis=1, keepdims=True))
-            probs[done] = e / e.sum(axis=1, keepdims=True)
+            probs[done] = _softmax_rows(logits_kept[done])
             x = x_all[done]
             x[..., dyn] = d_kept[done]
             # d logit[p] / d x[p] = C^T (w * 1[z[p] > 0]): exact, and nearly free here.
@@ -397,6 +395,12 @@ class GNNPlacer:
                 )
             )
         return out
+
+
+def _softmax_rows(x: np.ndarray) -> np.ndarray:
+    """Softmax of each row of ``x [r, P]``."""
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
 
 
 def _logsumexp(x: np.ndarray) -> float:

@@ -36,7 +36,7 @@ def main() -> None:
     jobs = make_stream(settings_from(a.workflows, 1)[0], cat, a.runs, a.seed, args)
     placer = GNNPlacer(load_checkpoint(a.checkpoint).model, version="speed", seed=0)
     t = time.perf_counter()
-    res = Simulator(cat, jobs, placer, seed=a.seed, config=SimConfig(duration_noise=0.3)).run()
+    res = Simulator(cat, jobs, placer, seed=a.seed, config=SimConfig(duration_noise=args.duration_noise)).run()
     wall = time.perf_counter() - t
     jct = sum(j.finish_s - j.arrival_s for j in res.jobs) / max(len(res.jobs), 1)
     print(f"wall {wall:.1f} s, decisions {res.decisions}, requests {res.requests}, "

@@ -408,7 +408,6 @@ def train(args: Args) -> dict[str, Any]:
         if tb is not None:
             for tag, value in scalars.items():  # TensorBoard's legal tag characters (no commas)
                 tb.add_scalar(re.sub(r"[^-/\w.]", "_", tag), value, global_step)
-            tb.flush()
 
     catalogue = load_catalogue(args.pools)
     settings = settings_from(args.workflows, args.seed)
