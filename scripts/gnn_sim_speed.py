@@ -38,7 +38,7 @@ def main() -> None:
     t = time.perf_counter()
     res = Simulator(cat, jobs, placer, seed=a.seed, config=SimConfig(duration_noise=args.duration_noise)).run()
     wall = time.perf_counter() - t
-    jct = sum(j.finish_s - j.arrival_s for j in res.jobs) / max(len(res.jobs), 1)
+    jct = sum(j.jct_s for j in res.jobs) / max(len(res.jobs), 1)
     print(f"wall {wall:.1f} s, decisions {res.decisions}, requests {res.requests}, "
           f"{res.decisions / max(res.placer_s, 1e-9):.0f} decisions/s in the placer, mean JCT {jct:.1f} s")
 

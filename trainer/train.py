@@ -380,6 +380,10 @@ def imitate(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catalog
     return global_step, time.perf_counter() - t_start
 
 
+#: characters TensorBoard does not allow in a tag (setting names are file lists with commas)
+_TB_ILLEGAL = re.compile(r"[^-/\w.]")
+
+
 def tensorboard_writer(logdir: Path) -> Any:
     """A TensorBoard event writer on ``logdir`` (``tensorboardX``, in the ``trainer`` extra), or
     None when it is not installed: log.jsonl holds the same scalars either way."""
@@ -406,8 +410,8 @@ def train(args: Args) -> dict[str, Any]:
         logf.write(json.dumps({"global_step": global_step, **scalars}) + "\n")
         logf.flush()
         if tb is not None:
-            for tag, value in scalars.items():  # TensorBoard's legal tag characters (no commas)
-                tb.add_scalar(re.sub(r"[^-/\w.]", "_", tag), value, global_step)
+            for tag, value in scalars.items():
+                tb.add_scalar(_TB_ILLEGAL.sub("_", tag), value, global_step)
 
     catalogue = load_catalogue(args.pools)
     settings = settings_from(args.workflows, args.seed)
