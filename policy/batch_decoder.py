@@ -16,14 +16,16 @@ bit (the scores differ by ~1e-6): decisions could differ only between choices th
 that, and on a GPU, whose kernels round differently from the CPU's, by the same margin.
 
 The model's parts (task, pool and static pair terms) are computed in torch on the device. The
-steps then run on the device's own arrays: torch tensors on a GPU, numpy arrays on a CPU for
-batches of up to :data:`_NUMPY_ROWS` row slots (where a numpy operation on small arrays costs a
-fraction of torch's dispatch); one function,
-:func:`_steps`, written in the dialect both share, serves both, and the tests run both on a CPU.
+steps then run on numpy arrays on the host for batches of up to :data:`_NUMPY_ROWS` row slots on
+a CPU and :data:`_NUMPY_ROWS_OFF_CPU` off it (a numpy operation on small arrays costs a fraction
+of torch's dispatch, let alone a kernel launch), and on torch tensors on the device for larger
+ones; one function, :func:`_steps`, written in the dialect both share, serves both, and the
+tests run both on a CPU.
 
 Host <-> device traffic: one upload of everything the requests need (packed into one float64
-buffer off the CPU; float32, bool and int64 survive the round trip exactly) and one download of
-the results; in between only a one-byte "all done?" check every few steps.
+buffer off the CPU; float32, bool and int64 survive the round trip exactly), then either one
+download of the model's parts (numpy steps) or, with torch steps, one download of the results
+and in between only a one-byte "all done?" check every few steps.
 
 Shapes (``S`` requests, ``R`` the most ready rows, ``P`` the most pools, ``H`` hidden,
 ``F = F_PAIR``; slot ``k`` of request ``s`` is its ``k``-th row in decode order)::
@@ -56,6 +58,11 @@ _CHECK_EVERY = 4  # off the CPU: steps between checks whether every request is d
 #: kernels win once the arrays are large (one core, 200 tasks, 16 ready: 8 requests 7.5 ms a batch
 #: with numpy steps vs 9.4 ms with torch; 256 requests 315 ms vs 156 ms; docs/server.md)
 _NUMPY_ROWS = 1024
+#: off the CPU, batches up to this many row slots step on numpy too, after one download of the
+#: model's parts: a step on a GPU is a few dozen kernel launches and their Python dispatch, which
+#: cost more than the small arrays' arithmetic on the host (H200, 200 tasks, 16 ready: 8 requests
+#: 21.8 ms a batch with torch steps on the device vs 6.5 ms on one CPU core with numpy steps)
+_NUMPY_ROWS_OFF_CPU = 4096
 _DTYPES: dict[np.dtype[Any], torch.dtype] = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64,
            np.dtype(np.bool_): torch.bool, np.dtype(np.int64): torch.int64}
 _NP_DTYPES: dict[torch.dtype, np.dtype[Any]] = {v: k for k, v in _DTYPES.items()}
@@ -116,7 +123,8 @@ def decode_greedy(
     ``h_table [N, H]`` / ``s_table [U, H]`` hold the task embeddings and run summaries of every
     run involved (on the model's device); ``node_idx`` / ``run_idx`` ``[sum R_s]`` index them for
     the ready rows of all requests, concatenated in request order. ``backend`` forces the
-    steps onto ``"numpy"`` or ``"torch"`` arrays (default: numpy on a CPU, torch elsewhere).
+    steps onto ``"numpy"`` or ``"torch"`` arrays (default: numpy up to a batch size, see the
+    module docstring, torch above it).
     """
     device = h_table.device
     num = [fb.num_ready for fb in fbs]
@@ -188,12 +196,13 @@ def decode_greedy(
 
     # The steps run on the device's own arrays: numpy on a CPU (a few microseconds per operation,
     # where torch's dispatch costs several times that), torch tensors anywhere else.
-    use_numpy = backend == "numpy" or (backend is None and device.type == "cpu" and S * R <= _NUMPY_ROWS)
+    on_cpu = device.type == "cpu"
+    use_numpy = backend == "numpy" or (backend is None and S * R <= (_NUMPY_ROWS if on_cpu else _NUMPY_ROWS_OFF_CPU))
     xp = _NUMPY if use_numpy else _torch_ops(device)
     model_arrays: list[Any]
     state: list[Any]
     if use_numpy:
-        model_arrays = [t.numpy() for t in (pre, a, g, c_t, c_dyn, w, w_b, s0_w, s0_b, s2_w, s2_b)]
+        model_arrays = download([pre, a, g, c_t, c_dyn, w, w_b, s0_w, s0_b, s2_w, s2_b])
         state = [sx, run_s, ref, keep, fit, slots, zero_slots, base, row_valid, busy, pool_valid]
     else:
         model_arrays = [pre, a, g, c_t, c_dyn, w, w_b, s0_w, s0_b, s2_w, s2_b]
@@ -201,7 +210,7 @@ def decode_greedy(
     # padded slots and finished requests compute inf and NaN that are masked, never chosen
     with np.errstate(divide="ignore", invalid="ignore"):
         found = _steps(xp, *model_arrays, *state, allow_wait=allow_wait,
-                       sync_every=1 if device.type == "cpu" else _CHECK_EVERY)
+                       sync_every=1 if on_cpu or use_numpy else _CHECK_EVERY)
     actions_h, k_h, go_h, probs_h, dyn_h, contrib_h = found if use_numpy else download(found)
     out: list[Decided] = []
     for s, fb in enumerate(fbs):

@@ -99,7 +99,7 @@ def _bench_batch(placer: GNNPlacer, pools: tuple[PoolState, ...], n: int, ready:
     graphs = [{g.run_key: g} for g in runs]
     ms = _median_ms(lambda: placer.place_many(reqs, graphs), repeat)
     return {"tasks": n, "ready": ready, "batch": size, "pools": len(pools), "device": str(placer.device),
-            "policy_version": placer.version, "batch_ms": round(ms, 3),
+            "backend": placer.batch_backend or "auto", "policy_version": placer.version, "batch_ms": round(ms, 3),
             "rows_per_s": round(size * ready / ms * 1e3, 1)}
 
 
@@ -114,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, nargs="*", default=[],
                         help="also time place_many over this many requests (e.g. 8 64)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda[:N] or auto (cuda when available)")
+    parser.add_argument("--backend", choices=["numpy", "torch"], default=None,
+                        help="force place_many's decoding steps onto numpy (host) or torch (device) "
+                             "arrays (default: by batch size, policy.batch_decoder)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
@@ -122,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         torch.manual_seed(0)
         placer = GNNPlacer(PlacementGNN(ModelConfig()), device=device)
+    placer.batch_backend = args.backend
     pools = load_catalogue(args.catalogue).states()
     results = []
     for n in args.tasks:

@@ -503,39 +503,57 @@ def _yes(flag: float) -> str:
     return "yes" if flag else "no"
 
 
-_PAIR_INDEX = {name: i for i, name in enumerate(PAIR_FEATURES)}
-
+#: The phrase of each reason, by what it speaks of, from the two pools' :class:`_Raw` quantities.
 _PHRASES = {
-    "log_eff_speed": lambda c, r: f"speed {c['speed']:.3g} vs {r['speed']:.3g}",
-    "log_affinity": lambda c, r: f"affinity x{c['affinity']:.3g} vs x{r['affinity']:.3g}",
-    "log_run_s": lambda c, r: f"est. run {c['run_s']:.0f}s vs {r['run_s']:.0f}s",
-    "run_ratio": lambda c, r: f"est. run {c['run_s']:.0f}s vs {r['run_s']:.0f}s",
-    "log_wait_s": lambda c, r: f"est. wait {c['wait_s']:.0f}s vs {r['wait_s']:.0f}s",
-    "log_finish_s": lambda c, r: f"est. finish {c['finish_s']:.0f}s vs {r['finish_s']:.0f}s",
-    "finish_ratio": lambda c, r: f"est. finish {c['finish_s']:.0f}s vs {r['finish_s']:.0f}s",
-    "log_cost": lambda c, r: f"cost {c['cost_c']:.2f}c vs {r['cost_c']:.2f}c",
-    "cost_ratio": lambda c, r: f"cost {c['cost_c']:.2f}c vs {r['cost_c']:.2f}c",
-    "has_free_slot": lambda c, r: f"free slot {_yes(c['free'])} vs {_yes(r['free'])}",
-    "backlog_per_slot": lambda c, r: f"backlog/slot {c['backlog']:.2g} vs {r['backlog']:.2g}",
-    "pinned_here": lambda c, r: "pinned by the DAG author",
+    "speed": lambda c, r: f"speed {c['speed']:.3g} vs {r['speed']:.3g}",
+    "affinity": lambda c, r: f"affinity x{c['affinity']:.3g} vs x{r['affinity']:.3g}",
+    "run": lambda c, r: f"est. run {c['run_s']:.0f}s vs {r['run_s']:.0f}s",
+    "wait": lambda c, r: f"est. wait {c['wait_s']:.0f}s vs {r['wait_s']:.0f}s",
+    "finish": lambda c, r: f"est. finish {c['finish_s']:.0f}s vs {r['finish_s']:.0f}s",
+    "cost": lambda c, r: f"cost {c['cost_c']:.2f}c vs {r['cost_c']:.2f}c",
+    "free": lambda c, r: f"free slot {_yes(c['free'])} vs {_yes(r['free'])}",
+    "backlog": lambda c, r: f"backlog/slot {c['backlog']:.2g} vs {r['backlog']:.2g}",
+    "pinned": lambda c, r: "pinned by the DAG author",
     "feasible": lambda c, r: "only feasible pool",
 }
+#: The phrase each pair feature gives: the log and the ratio of one estimate give the same one,
+#: which a reason names once.
+_PHRASE_OF = dict(zip(PAIR_FEATURES, (
+    "speed", "affinity", "run", "wait", "finish", "finish", "run", "cost", "cost", "free", "backlog",
+    "pinned", "feasible"), strict=True))
 
 
-def describe(fb: FeatureBatch, probs: np.ndarray, row: int, chosen: int, runner: int | None,
-             pair: Mapping[str, float], top: int = 2) -> str:
-    """A one-line reason from a row's pair attribution."""
-    if runner is None or runner >= fb.num_pools:
-        return _describe(fb, chosen, None, float(probs[row, chosen]), 0.0, [], [], pair.items(), top)
-    return _describe(fb, chosen, runner, float(probs[row, chosen]), float(probs[row, runner]),
-                     fb.pair_x[row, chosen].tolist(), fb.pair_x[row, runner].tolist(), pair.items(), top)
+def _evidence(diff: np.ndarray, x_chosen: np.ndarray, x_runner: np.ndarray, top: int = 2) -> list[list[int]]:
+    """For each row of ``diff [k, F]`` (the pair attribution, chosen minus runner-up pool), the
+    pair features a reason names: the ``top`` largest positive contributions, by size (pair
+    feature order on a tie), one per phrase. A feature equal on both pools (``x_chosen [k, F]``
+    vs ``x_runner``) moved the margin only through the other features (the gradient differs,
+    the input does not): it says nothing a reader can check (e.g. "only feasible pool" when both
+    are feasible), so it is left out."""
+    order = np.argsort(-np.abs(diff), axis=1, kind="stable")
+    ok = np.take_along_axis((diff > 0) & (x_chosen != x_runner), order, axis=1)
+    out: list[list[int]] = []
+    for row, keep in zip(order.tolist(), ok.tolist(), strict=True):
+        picked: list[int] = []
+        groups: list[str] = []
+        for f, good in zip(row, keep, strict=True):
+            if not good:
+                continue
+            group = _PHRASE_OF[PAIR_FEATURES[f]]
+            if group not in groups:
+                picked.append(f)
+                groups.append(group)
+                if len(picked) >= top:
+                    break
+        out.append(picked)
+    return out
 
 
 def _describe(fb: FeatureBatch, chosen: int, runner: int | None, p_chosen: float, p_runner: float,
-              x_chosen: list[float], x_runner: list[float], pair: Iterable[tuple[str, float]],
-              top: int = 2) -> str:
-    """:func:`describe` from plain Python values (the pair features of the chosen and the
-    runner-up pool as lists), so a batch of rows is converted from numpy once."""
+              x_chosen: list[float], x_runner: list[float], features: Iterable[int]) -> str:
+    """A one-line reason: the chosen pool over the runner-up, and the phrases of ``features``
+    (indices into the pair features, from :func:`_evidence`), read off the two pools' pair
+    features (as lists)."""
     pool = fb.pools[chosen]
     text = f"{pool.name} ({pool.vm_class}) p={p_chosen:.2f}"
     if runner is None or runner >= fb.num_pools:
@@ -543,20 +561,9 @@ def _describe(fb: FeatureBatch, chosen: int, runner: int | None, p_chosen: float
     other = fb.pools[runner]
     text += f" over {other.name} p={p_runner:.2f}"
     c, r = _Raw(x_chosen), _Raw(x_runner)
-    seen: list[str] = []
-    for name, value in sorted(pair, key=lambda kv: -abs(kv[1])):
-        if len(seen) >= top:
-            break
-        # a feature equal on both pools moved the margin only through the other features (the
-        # gradient differs, the input does not): it says nothing a reader can check, e.g.
-        # "only feasible pool" when both are feasible
-        if value <= 0 or x_chosen[_PAIR_INDEX[name]] == x_runner[_PAIR_INDEX[name]]:
-            continue
-        phrase = _PHRASES[name](c, r)
-        if phrase not in seen:
-            seen.append(phrase)
-    if seen:
-        text += ": " + ", ".join(seen)
+    phrases = [_PHRASES[_PHRASE_OF[PAIR_FEATURES[f]]](c, r) for f in features]
+    if phrases:
+        text += ": " + ", ".join(phrases)
     return text
 
 
@@ -577,22 +584,24 @@ def explain_rows(dec: Decoded, rows: np.ndarray) -> list[str]:
     held = actions < 0
     chosen = np.where(held, probs.argmax(axis=1), actions)
     k = np.arange(len(rows))
+    x_chosen = fb.pair_x[rows, chosen]  # [k, F]
     if probs.shape[1] > 1:
         ranked = np.argsort(-probs, axis=1, kind="stable")
         runner = np.where(ranked[:, 0] == chosen, ranked[:, 1], ranked[:, 0])
+        x_runner = fb.pair_x[rows, runner]
         diff = dec.pair_contrib[rows, chosen] - dec.pair_contrib[rows, runner]  # [k, F]
+        evidence = _evidence(diff, x_chosen, x_runner)
         p_runner = probs[k, runner].tolist()
-        x_runner = fb.pair_x[rows, runner].tolist()
+        xr: list[list[float]] = x_runner.tolist()
         runners: list[int | None] = runner.tolist()
     else:
-        diff = dec.pair_contrib[rows, chosen] - 0.0
+        evidence = [[] for _ in rows]
         p_runner = [0.0] * len(rows)
-        x_runner = [[] for _ in rows]
+        xr = [[] for _ in rows]
         runners = [None] * len(rows)
-    x_chosen = fb.pair_x[rows, chosen].tolist()
+    xc: list[list[float]] = x_chosen.tolist()
     out = []
-    for j, (c, ru, d) in enumerate(zip(chosen.tolist(), runners, diff.tolist(), strict=True)):
-        text = _describe(fb, c, ru, float(probs[j, c]), p_runner[j], x_chosen[j], x_runner[j],
-                         zip(PAIR_FEATURES, d, strict=True))
+    for j, (c, ru, feats) in enumerate(zip(chosen.tolist(), runners, evidence, strict=True)):
+        text = _describe(fb, c, ru, float(probs[j, c]), p_runner[j], xc[j], xr[j], feats)
         out.append("held for a better moment; best now " + text if held[j] else text)
     return out

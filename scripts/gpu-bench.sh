@@ -4,9 +4,10 @@
 #
 #   scripts/gpu-bench.sh OUT_DIR [SECONDS_PER_CASE]    measure; writes into OUT_DIR:
 #       env.txt                     GPU, Python, torch, CUDA, cores
-#       model-ready16.json, model-ready64.json
+#       model-ready16.json, model-ready64.json, model-ready64-torch.json
 #                                   in-process GNNPlacer.place / place_many on the device, no Redis
-#                                   (python -m policy.bench_model; rows_per_s, device column)
+#                                   (python -m policy.bench_model; rows_per_s, device and backend
+#                                   columns; -torch: every batch's decoding steps on the device)
 #       server-replicas1.json, server-replicas8.json, server-goal.json
 #                                   drl-policy bench through a private redis-server, as the
 #                                   executor drives it (cases[]: p50_ms, p99_ms, decisions_per_s,
@@ -68,23 +69,31 @@ log="$out/log.txt"
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt" >> "$log"
 
-# 1. The model alone on the device: place() per request and place_many() over 1-256 requests.
+# 1. The model alone on the device: place() per request and place_many() over 1-256 requests,
+#    the decoding steps where policy.batch_decoder puts them by batch size (auto), and once more
+#    with every batch's steps on the device (torch), which shows where the two cross.
 for ready in 16 64; do
     echo "== python -m policy.bench_model --device auto --tasks 200 1000 --ready $ready --batch 1 8 64 256" >> "$log"
     "$py" -m policy.bench_model --checkpoint policy/checkpoints/default --device auto --tasks 200 1000 \
-        --ready "$ready" --batch 1 8 64 256 --repeat 100 --threads 1 2>&1 | tee -a "$log" |
+        --ready "$ready" --batch 1 8 64 256 --repeat 50 --threads 1 2>&1 | tee -a "$log" |
         tail -1 > "$out/model-ready$ready.json"
 done
+echo "== python -m policy.bench_model --device auto --tasks 200 --ready 64 --batch 8 64 256 --backend torch" >> "$log"
+"$py" -m policy.bench_model --checkpoint policy/checkpoints/default --device auto --tasks 200 --ready 64 \
+    --batch 8 64 256 --repeat 50 --threads 1 --backend torch 2>&1 | tee -a "$log" |
+    tail -1 > "$out/model-ready64-torch.json"
 
 # 2. The server through a real Redis, as the executor drives it (private redis-server + servers).
 if command -v redis-server >/dev/null && "$py" -c 'import redis' 2>/dev/null; then
     reg=$(mktemp -d)  # an empty registry is seeded with the packaged default checkpoint
     bench=("$py" -m policy.cli --log-level=WARNING bench --placer gnn --registry "$reg" --device auto
            --duration "$secs")
-    for replicas in 1 8; do  # one server process; eight sharing the GPU and the consumer group
-        echo "== bench --replicas $replicas --client-procs 4 --dag-sizes 200,1000 --ready 16,64 --clients 8,32" >> "$log"
-        "${bench[@]}" --replicas "$replicas" --client-procs 4 --dag-sizes 200,1000 --ready 16,64 \
-            --clients 8,32 --out "$out/server-replicas$replicas.json" 2>&1 | tee -a "$log"
+    # one server process; eight sharing the GPU and the consumer group
+    for spec in "1 8,32" "8 8,16,32"; do
+        set -- $spec
+        echo "== bench --replicas $1 --client-procs 4 --dag-sizes 200,1000 --ready 16,64 --clients $2" >> "$log"
+        "${bench[@]}" --replicas "$1" --client-procs 4 --dag-sizes 200,1000 --ready 16,64 \
+            --clients "$2" --out "$out/server-replicas$1.json" 2>&1 | tee -a "$log"
     done
     echo "== bench (the 1-client goal case) --dag-sizes 200 --ready 16 --clients 1" >> "$log"
     "${bench[@]}" --dag-sizes 200 --ready 16 --clients 1 --out "$out/server-goal.json" 2>&1 | tee -a "$log"
