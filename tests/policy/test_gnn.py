@@ -110,18 +110,27 @@ def _same(a: list[list[Decision]], b: list[list[Decision]]) -> None:
     assert [d.score for x in a for d in x] == pytest.approx([d.score for x in b for d in x], abs=1e-5)
 
 
+#: the identity tests also run on a GPU where there is one (on a GPU host: python3 -m pytest
+#: tests/policy/test_gnn.py -k place_many); CI has none
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 @pytest.mark.parametrize("checkpoint", [None, "default"])
 @pytest.mark.parametrize("allow_wait", [True, False])
-def test_place_many_decides_as_place(checkpoint: str | None, allow_wait: bool, backend: str) -> None:
+def test_place_many_decides_as_place(checkpoint: str | None, allow_wait: bool, backend: str, device: str) -> None:
     """The batched decoder gives each request of a micro-batch exactly place()'s decisions:
     requests of 4 to 1,000 tasks with 0 to 64 ready rows, holds (stop), pinned tasks, a task
     no pool can hold, a pool down, a request with fewer pools, two runs in one request. Its steps
-    run on numpy arrays on a CPU and on torch tensors on a GPU: both are checked here."""
+    run on numpy arrays on the host (small batches) or on torch tensors on the model's device:
+    both are checked here, on the CPU and, where there is one, on a GPU (the model's parts
+    computed there, the numpy steps after one download)."""
     def make() -> GNNPlacer:
         if checkpoint:
-            return GNNPlacer.from_checkpoint(ROOT / "policy" / "checkpoints" / checkpoint, allow_wait=allow_wait)
-        return _placer(allow_wait=allow_wait)
+            return GNNPlacer.from_checkpoint(ROOT / "policy" / "checkpoints" / checkpoint, allow_wait=allow_wait,
+                                             device=device)
+        return _placer(allow_wait=allow_wait, device=device)
 
     items = mixed_requests()
     requests, graphs = [r for r, _ in items], [g for _, g in items]
