@@ -194,8 +194,8 @@ def decode_greedy(
     s0_w, s0_b, s2_w, s2_b = s0.weight.T, s0.bias, s2.weight[0], s2.bias[0]
     pre = a[:, :, None, :] + b[:, None] + t_sx @ c_t  # [S, R, P, H]
 
-    # The steps run on the device's own arrays: numpy on a CPU (a few microseconds per operation,
-    # where torch's dispatch costs several times that), torch tensors anywhere else.
+    # Small batches step on host numpy (a few microseconds per operation, where torch's dispatch,
+    # let alone a kernel launch, costs several times that), larger ones on the device's tensors.
     on_cpu = device.type == "cpu"
     use_numpy = backend == "numpy" or (backend is None and S * R <= (_NUMPY_ROWS if on_cpu else _NUMPY_ROWS_OFF_CPU))
     xp = _NUMPY if use_numpy else _torch_ops(device)

@@ -516,44 +516,41 @@ _PHRASES = {
     "pinned": lambda c, r: "pinned by the DAG author",
     "feasible": lambda c, r: "only feasible pool",
 }
-#: The phrase each pair feature gives: the log and the ratio of one estimate give the same one,
-#: which a reason names once.
-_PHRASE_OF = dict(zip(PAIR_FEATURES, (
-    "speed", "affinity", "run", "wait", "finish", "finish", "run", "cost", "cost", "free", "backlog",
-    "pinned", "feasible"), strict=True))
+#: The phrase each pair feature gives, by feature index: the log and the ratio of one estimate
+#: give the same one, which a reason names once.
+_PHRASE_OF = tuple({
+    "log_eff_speed": "speed", "log_affinity": "affinity", "log_run_s": "run", "run_ratio": "run",
+    "log_wait_s": "wait", "log_finish_s": "finish", "finish_ratio": "finish", "log_cost": "cost",
+    "cost_ratio": "cost", "has_free_slot": "free", "backlog_per_slot": "backlog",
+    "pinned_here": "pinned", "feasible": "feasible",
+}[name] for name in PAIR_FEATURES)
 
 
-def _evidence(diff: np.ndarray, x_chosen: np.ndarray, x_runner: np.ndarray, top: int = 2) -> list[list[int]]:
+def _evidence(diff: np.ndarray, x_chosen: np.ndarray, x_runner: np.ndarray, top: int = 2) -> list[list[str]]:
     """For each row of ``diff [k, F]`` (the pair attribution, chosen minus runner-up pool), the
-    pair features a reason names: the ``top`` largest positive contributions, by size (pair
-    feature order on a tie), one per phrase. A feature equal on both pools (``x_chosen [k, F]``
-    vs ``x_runner``) moved the margin only through the other features (the gradient differs,
-    the input does not): it says nothing a reader can check (e.g. "only feasible pool" when both
-    are feasible), so it is left out."""
+    phrases (keys of :data:`_PHRASES`) a reason names: those of the ``top`` largest positive
+    contributions, by size (pair feature order on a tie), each phrase once. A feature equal on
+    both pools (``x_chosen [k, F]`` vs ``x_runner``) moved the margin only through the other
+    features (the gradient differs, the input does not): it says nothing a reader can check
+    (e.g. "only feasible pool" when both are feasible), so it is left out."""
     order = np.argsort(-np.abs(diff), axis=1, kind="stable")
     ok = np.take_along_axis((diff > 0) & (x_chosen != x_runner), order, axis=1)
-    out: list[list[int]] = []
+    out: list[list[str]] = []
     for row, keep in zip(order.tolist(), ok.tolist(), strict=True):
-        picked: list[int] = []
-        groups: list[str] = []
+        phrases: list[str] = []
         for f, good in zip(row, keep, strict=True):
-            if not good:
-                continue
-            group = _PHRASE_OF[PAIR_FEATURES[f]]
-            if group not in groups:
-                picked.append(f)
-                groups.append(group)
-                if len(picked) >= top:
+            if good and _PHRASE_OF[f] not in phrases:
+                phrases.append(_PHRASE_OF[f])
+                if len(phrases) >= top:
                     break
-        out.append(picked)
+        out.append(phrases)
     return out
 
 
 def _describe(fb: FeatureBatch, chosen: int, runner: int | None, p_chosen: float, p_runner: float,
-              x_chosen: list[float], x_runner: list[float], features: Iterable[int]) -> str:
-    """A one-line reason: the chosen pool over the runner-up, and the phrases of ``features``
-    (indices into the pair features, from :func:`_evidence`), read off the two pools' pair
-    features (as lists)."""
+              x_chosen: list[float], x_runner: list[float], phrases: Iterable[str]) -> str:
+    """A one-line reason: the chosen pool over the runner-up, and ``phrases`` (from
+    :func:`_evidence`) read off the two pools' pair features (as lists)."""
     pool = fb.pools[chosen]
     text = f"{pool.name} ({pool.vm_class}) p={p_chosen:.2f}"
     if runner is None or runner >= fb.num_pools:
@@ -561,9 +558,9 @@ def _describe(fb: FeatureBatch, chosen: int, runner: int | None, p_chosen: float
     other = fb.pools[runner]
     text += f" over {other.name} p={p_runner:.2f}"
     c, r = _Raw(x_chosen), _Raw(x_runner)
-    phrases = [_PHRASES[_PHRASE_OF[PAIR_FEATURES[f]]](c, r) for f in features]
-    if phrases:
-        text += ": " + ", ".join(phrases)
+    said = [_PHRASES[key](c, r) for key in phrases]
+    if said:
+        text += ": " + ", ".join(said)
     return text
 
 
