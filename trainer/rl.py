@@ -149,12 +149,12 @@ class Rollout:
 
 
 def rollout(placer: GNNPlacer, catalogue: Catalogue, jobs: Sequence[Any], sim_seed: int, sample_seed: int,
-            temperature: float, duration_noise: float) -> Rollout:
+            temperature: float, config: SimConfig) -> Rollout:
     """One episode sampled by ``placer`` (reseeded with ``sample_seed``). The K rollouts of an
     iteration share one placer, so the runs' graph embeddings are computed once, not K times."""
     placer.rng = np.random.default_rng(sample_seed)
     sampler = _Sampler(placer, temperature)
-    sim = Simulator(catalogue, jobs, sampler, seed=sim_seed, config=SimConfig(duration_noise=duration_noise))
+    sim = Simulator(catalogue, jobs, sampler, seed=sim_seed, config=config)
     result = sim.run()
     return Rollout(sampler.samples, np.asarray(sampler.times), np.asarray(sampler.costs),
                    max(sim.now, result.makespan_s), result.cost, result.jobs)
@@ -331,7 +331,7 @@ def reinforce(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catal
     be chosen. The weights kept are those scoring best on ``select`` (settings not trained on,
     teachers chosen) or, without it, on the training settings' evaluation streams. Returns a
     summary (best eval score, iterations, wall time)."""
-    from trainer.train import evaluate, make_stream
+    from trainer.train import evaluate, make_stream, sim_config
 
     t0 = time.perf_counter()
     rng = np.random.default_rng([args.seed, 41])
@@ -360,12 +360,12 @@ def reinforce(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catal
         deadline = Bounds(jobs, catalogue).deadline
         # the reference heuristic on the same stream, same durations: what rewards are divided by
         ref_sim = Simulator(catalogue, jobs, make_placer(setting.teacher, catalogue, stream_seed), seed=stream_seed,
-                            config=SimConfig(duration_noise=args.duration_noise))
+                            config=sim_config(args))
         ref_res = ref_sim.run()
         ref = reference_of(ref_res.jobs, ref_res.cost, deadline)
         placer = GNNPlacer(model, version="rl", explain=False)  # weights as of this iteration
         rollouts = [rollout(placer, catalogue, jobs, stream_seed, args.seed * 1_000_003 + 101 * it + k,
-                            args.rl_temperature, args.duration_noise) for k in range(args.rl_rollouts)]
+                            args.rl_temperature, sim_config(args)) for k in range(args.rl_rollouts)]
         for ro in rollouts:
             ro.rewards = interval_rewards(ro, args.objective, args.cost_weight, ref, deadline)
         # differential returns: rho = running mean reward per simulated second of this setting

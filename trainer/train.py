@@ -83,6 +83,9 @@ class Args:
     #: offered load and duration noise of the simulated streams
     load: float = 0.85
     duration_noise: float = 0.3
+    #: bound holds as the executor does (its ``max_wait_s``, 60 there): a task held this long is
+    #: placed by the fallback heuristic, in imitation, PPO and evaluation alike; 0 = unbounded
+    max_wait_s: float = 0.0
     #: teacher: 'auto' = per-setting best of ``candidates``; or one baseline name
     teacher: str = "auto"
     candidates: str = "srpt+eft,srpt+eftm,fifo+eft,rcp+eft,cost-aware,heft,min-min"
@@ -202,8 +205,13 @@ def make_stream(setting: Setting, catalogue: Catalogue, n_runs: int, seed: int, 
     return make_jobs(setting.templates, catalogue, n_runs, rng, ArrivalSpec(load=args.load))
 
 
+def sim_config(args: Args) -> SimConfig:
+    """The simulated world of training and evaluation streams."""
+    return SimConfig(duration_noise=args.duration_noise, max_wait_s=args.max_wait_s or None)
+
+
 def simulate(catalogue: Catalogue, jobs: list[Job], placer: Placer, seed: int, args: Args) -> dict[str, Any]:
-    config = SimConfig(duration_noise=args.duration_noise)
+    config = sim_config(args)
     result = Simulator(catalogue, jobs, placer, seed=seed, config=config).run()
     return summarize(result, Bounds(jobs, catalogue))
 
@@ -254,7 +262,7 @@ def collect(setting: Setting, catalogue: Catalogue, student: GNNPlacer, use_teac
     jobs = make_stream(setting, catalogue, n_runs, seed, args)
     rec = _Recorder(make_placer(setting.teacher, catalogue, seed), student, use_teacher)
     student.clear_cache()
-    config = SimConfig(duration_noise=args.duration_noise)
+    config = sim_config(args)
     Simulator(catalogue, jobs, rec, seed=seed, config=config).run()
     return rec.samples
 

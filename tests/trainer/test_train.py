@@ -13,7 +13,8 @@ from policy.catalogue import load_catalogue
 from policy.gnn import GNNPlacer
 from policy.model import ModelConfig, PlacementGNN
 from trainer.baselines import make_placer
-from trainer.train import Args, add_arguments, bc_update, collect, imitation_nll, make_stream, run, settings_from
+from trainer.train import (Args, add_arguments, bc_update, collect, imitation_nll, make_stream, run, settings_from,
+                           sim_config)
 from trainer.train import simulate as sim_summary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,3 +63,18 @@ def test_cli_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
     assert len(events) == 1
     data = events[0].read_bytes()
     assert b"losses/loss" in data and b"eval/etl/drl/mean_jct_s" in data
+
+
+def test_max_wait_bounds_the_training_simulations_as_the_executor() -> None:
+    # --max-wait-s reaches every simulated stream (imitation, PPO, evaluation share sim_config):
+    # srpt+eft holds tasks for a busy pool, and with a near-zero bound the fallback places them.
+    assert sim_config(Args()).max_wait_s is None  # 0 = unbounded, as before
+    bounded_args = Args(workflows="mlpipeline", max_wait_s=1e-3)
+    assert sim_config(bounded_args).max_wait_s == 1e-3
+    catalogue = load_catalogue(bounded_args.pools)
+    setting = settings_from("mlpipeline", seed=1)[0]
+    jobs = make_stream(setting, catalogue, 8, seed=5, args=bounded_args)
+    rows = {a.max_wait_s: sim_summary(catalogue, jobs, make_placer("srpt+eft", catalogue, 5), 5, a)
+            for a in (Args(workflows="mlpipeline"), bounded_args)}
+    assert rows[0.0]["wait_fallbacks"] == 0
+    assert rows[1e-3]["wait_fallbacks"] > 0
