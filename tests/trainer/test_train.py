@@ -13,8 +13,17 @@ from policy.catalogue import load_catalogue
 from policy.gnn import GNNPlacer
 from policy.model import ModelConfig, PlacementGNN
 from trainer.baselines import make_placer
-from trainer.train import (Args, add_arguments, bc_update, collect, imitation_nll, make_stream, run, settings_from,
-                           sim_config)
+from trainer.train import (
+    Args,
+    add_arguments,
+    bc_update,
+    collect,
+    imitation_nll,
+    make_stream,
+    run,
+    settings_from,
+    sim_config,
+)
 from trainer.train import simulate as sim_summary
 
 ROOT = Path(__file__).resolve().parents[2]
