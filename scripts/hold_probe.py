@@ -17,14 +17,12 @@ from __future__ import annotations
 import argparse
 from typing import Mapping
 
-import numpy as np
-
 from policy.catalogue import load_catalogue
 from policy.gnn import GNNPlacer
 from policy.schema import Decision, PlacementRequest, RunGraph
+from trainer.bench import setting_jobs
 from trainer.metrics import Bounds, summarize
 from trainer.simulator import SimConfig, Simulator
-from trainer.workloads import ArrivalSpec, load_templates, make_jobs
 
 
 class _Counting:
@@ -52,9 +50,7 @@ def main() -> None:
     ap.add_argument("--max-wait-s", type=float, default=None)
     args = ap.parse_args()
     cat = load_catalogue(args.pools)
-    rng = np.random.default_rng([args.seed, args.position])  # as drl-trainer bench draws the stream
-    jobs = make_jobs(load_templates(args.workflows, rng), cat, args.dag_runs, rng,
-                     ArrivalSpec(load=0.85, process="poisson"))
+    jobs = setting_jobs(args.workflows, args.position, args.seed, cat, args.dag_runs)
     config = SimConfig(duration_noise=0.3, max_wait_s=args.max_wait_s)
     for allow_wait in (True, False):
         placer = _Counting(GNNPlacer.from_checkpoint(args.checkpoint, allow_wait=allow_wait))

@@ -75,6 +75,17 @@ def _simulate(catalogue: Catalogue, jobs: list[Job], policy: str, seed: int, con
     return row, (result if keep else None)
 
 
+def setting_jobs(spec: str, position: int, seed: int, catalogue: Catalogue, dag_runs: int,
+                 load: float = 0.85, arrival: str = "poisson") -> list[Job]:
+    """The stream the bench simulates for setting ``spec`` at ``position`` of its ``--workflows``
+    list and ``seed``: drawn from ``(seed, position)``, so one spec at another position is another
+    stream; a ``replay:`` spec gives its recorded runs at their recorded arrival times."""
+    if spec.startswith(REPLAY_PREFIX):
+        return replay_jobs(spec[len(REPLAY_PREFIX):], catalogue)
+    rng = np.random.default_rng([seed, position])
+    return make_jobs(load_templates(spec, rng), catalogue, dag_runs, rng, ArrivalSpec(load=load, process=arrival))
+
+
 def _geomean(values: list[float]) -> float:
     return float(math.exp(np.mean([math.log(max(v, 1e-12)) for v in values])))
 
@@ -89,13 +100,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     work = []
     for s, spec in enumerate(settings):
         for seed in seeds:
-            rng = np.random.default_rng([seed, s])
-            if spec.startswith(REPLAY_PREFIX):  # recorded runs at their recorded arrival times
-                jobs = replay_jobs(spec[len(REPLAY_PREFIX):], catalogue)
-            else:
-                templates = load_templates(spec, rng)
-                jobs = make_jobs(templates, catalogue, args.dag_runs, rng,
-                                 ArrivalSpec(load=args.load, process=args.arrival))
+            jobs = setting_jobs(spec, s, seed, catalogue, args.dag_runs, args.load, args.arrival)
             bounds = Bounds(jobs, catalogue)
             for policy in policies:
                 keep = bool(args.plots) and s == 0 and seed == seeds[0]

@@ -334,6 +334,7 @@ def reinforce(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catal
     from trainer.train import evaluate, make_stream, sim_config
 
     t0 = time.perf_counter()
+    config = sim_config(args)  # every stream of the phase: the reference's and the rollouts'
     rng = np.random.default_rng([args.seed, 41])
     opt = torch.optim.Adam(model.parameters(), lr=args.rl_lr)
     rho: dict[str, float] = {}
@@ -360,12 +361,12 @@ def reinforce(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catal
         deadline = Bounds(jobs, catalogue).deadline
         # the reference heuristic on the same stream, same durations: what rewards are divided by
         ref_sim = Simulator(catalogue, jobs, make_placer(setting.teacher, catalogue, stream_seed), seed=stream_seed,
-                            config=sim_config(args))
+                            config=config)
         ref_res = ref_sim.run()
         ref = reference_of(ref_res.jobs, ref_res.cost, deadline)
         placer = GNNPlacer(model, version="rl", explain=False)  # weights as of this iteration
         rollouts = [rollout(placer, catalogue, jobs, stream_seed, args.seed * 1_000_003 + 101 * it + k,
-                            args.rl_temperature, sim_config(args)) for k in range(args.rl_rollouts)]
+                            args.rl_temperature, config) for k in range(args.rl_rollouts)]
         for ro in rollouts:
             ro.rewards = interval_rewards(ro, args.objective, args.cost_weight, ref, deadline)
         # differential returns: rho = running mean reward per simulated second of this setting
