@@ -49,7 +49,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from policy.features import DYNAMIC_PAIR_COLUMNS, F_PAIR, FeatureBatch, pair_rows
+from policy.features import (
+    DYNAMIC_PAIR_COLUMNS,
+    F_PAIR,
+    HOLD_RATIO,
+    FeatureBatch,
+    check_hold_ratio,
+    pair_rows,
+    pool_free_within,
+)
 from policy.model import NEG_INF, PlacementGNN
 
 _LOG = 8.0  # the scale of policy.features' log columns
@@ -116,6 +124,7 @@ def decode_greedy(
     run_idx: np.ndarray,
     *,
     allow_wait: bool = True,
+    hold_ratio: float = HOLD_RATIO,
     backend: str | None = None,
 ) -> list[Decided]:
     """Greedy decoding of every request of ``fbs`` (each with >= 1 ready row and >= 1 pool).
@@ -209,7 +218,7 @@ def decode_greedy(
         state = [t_sx, t_run, t_ref, t_keep, t_fit, t_slots, t_zero, t_base, t_valid, t_busy, t_pool_valid]
     # padded slots and finished requests compute inf and NaN that are masked, never chosen
     with np.errstate(divide="ignore", invalid="ignore"):
-        found = _steps(xp, *model_arrays, *state, allow_wait=allow_wait,
+        found = _steps(xp, *model_arrays, *state, allow_wait=allow_wait, hold_ratio=check_hold_ratio(hold_ratio),
                        sync_every=1 if on_cpu or use_numpy else _CHECK_EVERY)
     actions_h, k_h, go_h, probs_h, dyn_h, contrib_h = found if use_numpy else download(found)
     out: list[Decided] = []
@@ -278,7 +287,7 @@ def _torch_ops(device: torch.device) -> _Ops:
 def _steps(xp: _Ops, pre: Any, a: Any, g: Any, c_t: Any, c_dyn: Any, w: Any, w_b: Any, s0_w: Any,
            s0_b: Any, s2_w: Any, s2_b: Any, sx: Any, run_s: Any, ref: Any, keep: Any, fit: Any, slots: Any,
            zero: Any, base: Any, valid: Any, busy: Any, pool_valid: Any, *, allow_wait: bool,
-           sync_every: int) -> list[Any]:
+           hold_ratio: float, sync_every: int) -> list[Any]:
     """The greedy steps and the evidence of each placed row (shapes in the module docstring).
 
     Returns ``[actions [S, R], k [T, S], go [T, S], probs [T*S, P], dyn [T*S, P, 5],
@@ -310,7 +319,8 @@ def _steps(xp: _Ops, pre: Any, a: Any, g: Any, c_t: Any, c_dyn: Any, w: Any, w_b
         z = m.clip(pre + d @ c_dyn, 0, None)  # relu: [S, R, P, H]
         logits = m.where(blocked, NEG_INF, xp.cast(z @ w + w_b, xp.f64))  # [S, R, P]
         logits = m.where(absent | ~remaining[:, :, None], -math.inf, logits)
-        stop_ok = ((placed.sum(1) > 0) | busy) & allow_wait & ~best_pool_free(d, fit & remaining[:, :, None])
+        free_near = pool_free_within(d, fit & remaining[:, :, None], hold_ratio)
+        stop_ok = ((placed.sum(1) > 0) | busy) & allow_wait & ~free_near
         count = xp.cast(m.clip(remaining.sum(1)[:, None], 1, None), xp.f32)
         a_mean = (a * remaining[:, :, None]).sum(1) / count  # [S, H]
         stop_hidden = m.clip(m.concatenate([a_mean, g], -1) @ s0_w + s0_b, 0, None)
@@ -343,14 +353,6 @@ def _steps(xp: _Ops, pre: Any, a: Any, g: Any, c_t: Any, c_dyn: Any, w: Any, w_b
     x[..., dyn] = d
     contrib = ((z > 0) * w) @ c_t.T * x  # d logit[p] / d x[p] times x: [M, P, F]
     return [actions, hist_k[:steps], hist_go[:steps], probs, d, contrib]
-
-
-def best_pool_free(d: Any, fit: Any) -> Any:
-    """Whether some row could start now on its best pool: a feasible (``fit [..., R, P]``) pool
-    with a free slot (dynamic column 3) and the earliest finish (column 2, the log finish ratio,
-    is 0). ``d [..., R, P, 5]`` are :func:`policy.features.pair_dynamic`'s columns; numpy or
-    torch, reduced over the last two axes. "Stop" is refused then (:mod:`policy.gnn`)."""
-    return (fit & (d[..., 3] > 0.5) & (d[..., 2] <= 0.0)).any(-1).any(-1)
 
 
 def _pair_dynamic(xp: _Ops, run_s: Any, ref: Any, slots: Any, zero: Any, backlog: Any) -> Any:

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 from policy.errors import PolicyError
+from policy.features import HOLD_RATIO
 from policy.transport import DEFAULT_PREFIX
 
 ENV_PREFIX = "DRL_POLICY_"
@@ -78,6 +79,10 @@ class ServerConfig:
     temperature: float = 0.0
     #: Seed of the sampling generator (used only when temperature > 0).
     seed: int = 0
+    #: The GNN's stop guard: a hold is refused while a ready task has a free feasible pool whose
+    #: estimated finish is within this factor of its best (inf: work-conserving; 1: refused only
+    #: while its best pool is free, the rule before the work-conserving stop).
+    hold_ratio: float = HOLD_RATIO
     #: Load-skew breaker: trip when the utilisation spread of live pools exceeds this (0-1] ...
     skew_threshold: float = 0.75
     #: ... then place the next N decisions with the fallback heuristic (0 disables the breaker).
@@ -125,6 +130,8 @@ class ServerConfig:
             )
         if self.temperature < 0:
             raise ConfigError(f"temperature: must be >= 0, got {self.temperature!r}")
+        if not self.hold_ratio >= 1:
+            raise ConfigError(f"hold_ratio: must be >= 1 (inf: work-conserving), got {self.hold_ratio!r}")
         if not 0 < self.skew_threshold <= 1:
             raise ConfigError(f"skew_threshold: must be in (0, 1], got {self.skew_threshold!r}")
         if self.metrics_port > 65535:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -529,3 +529,29 @@ def featurize(
         order=order,
         pairs=ps,
     )
+
+
+#: "Stop" is refused while some remaining task has a feasible pool with a free slot whose
+#: estimated finish is within this factor of the task's earliest (:func:`pool_free_within`).
+#: ``inf`` (the default) makes the policy work-conserving: it holds a task only when no feasible
+#: pool can start it now. ``1`` is the rule through commit 8d49468 (refused only while a task's
+#: best pool is free), which let some trained models hold tasks on idle capacity until the
+#: executor's ``max_wait_s`` (docs/policy.md, "A work-conserving stop").
+HOLD_RATIO = math.inf
+
+
+def check_hold_ratio(ratio: float) -> float:
+    """``ratio`` if it is a valid :data:`HOLD_RATIO` (>= 1, not NaN), else ``ValueError``."""
+    if not ratio >= 1.0:
+        raise ValueError(f"hold_ratio must be >= 1 (1: refuse stop only while a task's best pool is free; "
+                         f"inf: work-conserving), got {ratio!r}")
+    return ratio
+
+
+def pool_free_within(d: Any, fit: Any, ratio: float = HOLD_RATIO) -> Any:
+    """Whether some row could start now on a feasible (``fit [..., R, P]``) pool with a free slot
+    (dynamic column 3) whose estimated finish is within ``ratio`` x the row's earliest (column 2
+    is the log of that factor, clipped at 3). ``d [..., R, P, 5]`` are :func:`pair_dynamic`'s
+    columns; numpy or torch, reduced over the last two axes. "Stop" is refused then
+    (:mod:`policy.gnn`, :mod:`policy.batch_decoder`)."""
+    return (fit & (d[..., 3] > 0.5) & (d[..., 2] <= math.log(ratio))).any(-1).any(-1)

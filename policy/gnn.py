@@ -18,10 +18,11 @@ How a batch is decided
     remaining tasks get no decision and stay ready (late binding; the simulator offers them
     again at the next decision point). ``allow_wait=False`` forbids stop: every task is placed.
     Stop is also refused while nothing runs or is queued anywhere and nothing was placed yet,
-    so a batch always makes progress, and while some remaining task's best pool (earliest
-    finish) has a free slot (:func:`best_pool_free`): holding it cannot buy an earlier finish,
-    and a policy trained on small DAGs was seen to hold hundreds of such tasks on an idle cluster
-    when run on 1,000-task DAGs (25x the baselines' mean JCT; docs/policy.md).
+    so a batch always makes progress, and while some remaining task has a feasible pool with a
+    free slot (``hold_ratio``, :data:`~policy.features.HOLD_RATIO`: by default any such
+    pool; ``1``: only its earliest-finish one). Holding is then only "do not queue behind busy
+    pools": trained models were seen to hold hundreds of tasks on idle capacity (on 1,000-task
+    DAGs, and one training seed in three on 200-task ones; docs/policy.md).
 
 The reason string
     :func:`attribute` is the attribution machinery shared with ``drl-trainer explain``:
@@ -44,17 +45,20 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from policy.batch_decoder import best_pool_free, decode_greedy, upload
+from policy.batch_decoder import decode_greedy, upload
 from policy.checkpoint import Checkpoint, load_checkpoint
 from policy.features import (
     DYNAMIC_PAIR_COLUMNS,
+    HOLD_RATIO,
     PAIR_FEATURES,
     TASK_FEATURES,
     FeatureBatch,
     PairDynamics,
     RunFeatures,
+    check_hold_ratio,
     featurize,
     pair_rows,
+    pool_free_within,
 )
 from policy.lru import LRU
 from policy.model import NEG_INF, PlacementGNN, Step
@@ -110,6 +114,7 @@ class GNNPlacer:
         temperature: float = 0.0,
         seed: int = 0,
         allow_wait: bool = True,
+        hold_ratio: float = HOLD_RATIO,
         explain: bool = True,
     ) -> None:
         if temperature < 0 or not math.isfinite(temperature):
@@ -120,6 +125,7 @@ class GNNPlacer:
         self.device = torch.device(device)
         self.temperature = temperature
         self.allow_wait = allow_wait
+        self.hold_ratio = check_hold_ratio(hold_ratio)
         self.explain = explain
         self.rng = np.random.default_rng(seed)
         self._embed: LRU[tuple[str, str], tuple[Tensor, Tensor]] = LRU(_EMBED_CACHE_SIZE)
@@ -240,7 +246,7 @@ class GNNPlacer:
             if blocked is not None:
                 logits[blocked[rows]] = NEG_INF
             stop_ok = bool(self.allow_wait and (busy_anywhere or order)
-                           and not (dynamics.free.any() and best_pool_free(d, m_all[rows])))
+                           and not (dynamics.free.any() and pool_free_within(d, m_all[rows], self.hold_ratio)))
             if stop_ok:
                 hidden = np.maximum(np.concatenate([a_np[rows].mean(axis=0), g_np]) @ wt["s0_w"] + wt["s0_b"], 0.0)
                 stop = float(hidden @ wt["s2_w"] + wt["s2_b"][0])
@@ -321,7 +327,8 @@ class GNNPlacer:
         group = [fbs[i] for i in batched]
         h_table, s_table, node_idx, run_idx = self._embeddings_many(group)
         decided = decode_greedy(self.model, group, h_table, s_table, node_idx, run_idx,
-                                allow_wait=self.allow_wait, backend=self.batch_backend)
+                                allow_wait=self.allow_wait, hold_ratio=self.hold_ratio,
+                                backend=self.batch_backend)
         for i, fb, d in zip(batched, group, decided, strict=True):
             fb.pair_x, fb.mask = d.pair_x, d.mask
             out[i] = self._decisions(Decoded(fb, d.actions, [], 0.0, d.probs, d.contrib), d.order)

@@ -115,7 +115,7 @@ def resolve_device(spec: str) -> str:
 def gnn_loader(path: Path, device: str, **kwargs: Any) -> Placer:
     """Load the GNN policy (issue 4's ``policy.gnn.GNNPlacer``) from a checkpoint directory.
 
-    ``kwargs`` go to ``GNNPlacer`` (``temperature``, ``seed``). The placer verifies the
+    ``kwargs`` go to ``GNNPlacer`` (``temperature``, ``seed``, ``hold_ratio``). The placer verifies the
     checkpoint's manifest (feature schema version and names, weights hash, parameter shapes) and
     raises :class:`CheckpointError` on any mismatch.
     """

@@ -141,7 +141,8 @@ class PolicyServer:
             self.registry = ModelRegistry(
                 config.registry,
                 loader=loader or functools.partial(
-                    gnn_loader, temperature=config.temperature, seed=config.seed
+                    gnn_loader, temperature=config.temperature, seed=config.seed,
+                    hold_ratio=config.hold_ratio,
                 ),
                 device=config.device,
                 poll_s=config.registry_poll_s,

@@ -1,7 +1,7 @@
 """How much does a checkpoint hold, and what do its holds buy?
 
     python scripts/hold_probe.py --checkpoint CK [--workflows wfcommons:soykb:200:3 --position 2]
-                                 [--seed 0] [--dag-runs 30] [--max-wait-s 60]
+                                 [--seed 0] [--dag-runs 30] [--max-wait-s 60] [--hold-ratio 1]
 
 Simulates one stream (the stream ``drl-trainer bench`` draws for that setting at that position of
 its ``--workflows`` list and that seed; GPU-affinity cluster, load 0.85, duration noise 0.3) with
@@ -9,7 +9,9 @@ the checkpoint's policy twice: holds allowed (the "stop" choice: the rest of the
 later decision point) and ``allow_wait=False`` (every ready task placed at once). Prints mean JCT,
 utilisation, the tasks it left without a decision (summed over requests: a task held at ten
 decision points counts ten times) and, with ``--max-wait-s``, how many the executor's bound
-handed to the fallback.
+handed to the fallback. ``--hold-ratio`` sets the decoder's stop guard
+(:data:`policy.features.HOLD_RATIO`, work-conserving; the figures in docs/policy.md from before
+the work-conserving stop are reproduced with ``--hold-ratio 1``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 from typing import Mapping
 
 from policy.catalogue import load_catalogue
+from policy.features import HOLD_RATIO
 from policy.gnn import GNNPlacer
 from policy.schema import Decision, PlacementRequest, RunGraph
 from trainer.bench import setting_jobs
@@ -48,12 +51,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dag-runs", type=int, default=30)
     ap.add_argument("--max-wait-s", type=float, default=None)
+    ap.add_argument("--hold-ratio", type=float, default=HOLD_RATIO)
     args = ap.parse_args()
     cat = load_catalogue(args.pools)
     jobs = setting_jobs(args.workflows, args.position, args.seed, cat, args.dag_runs)
     config = SimConfig(duration_noise=0.3, max_wait_s=args.max_wait_s)
     for allow_wait in (True, False):
-        placer = _Counting(GNNPlacer.from_checkpoint(args.checkpoint, allow_wait=allow_wait))
+        placer = _Counting(GNNPlacer.from_checkpoint(args.checkpoint, allow_wait=allow_wait,
+                                                     hold_ratio=args.hold_ratio))
         result = Simulator(cat, jobs, placer, seed=args.seed, config=config).run()
         m = summarize(result, Bounds(jobs, cat))
         print(f"{placer.version} allow_wait={allow_wait}: mean JCT {m['mean_jct_s']:.0f} s, "

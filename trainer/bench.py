@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from policy.catalogue import Catalogue, load_catalogue
+from policy.features import HOLD_RATIO, check_hold_ratio
 from trainer.baselines import LEARNED, expand, make_placer
 from trainer.metrics import Bounds, average, summarize
 from trainer.simulator import Job, SimConfig, SimResult, Simulator
@@ -59,16 +60,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-wait-s", type=float, default=None,
                         help="bound holding as the executor does ([drl_executor] max_wait_s, 60 there): a task "
                              "held this long is placed by the fallback heuristic (default: unbounded)")
+    parser.add_argument("--hold-ratio", type=_hold_ratio, default=None,
+                        help="the 'drl' policy's stop guard: stop (hold) is refused while a remaining task has a "
+                             "free feasible pool finishing within this factor of its best (default: inf, "
+                             "work-conserving; 1: only while its best pool is free, the rule through 8d49468)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--json", dest="json_path", default=None, help="write the results here")
     parser.add_argument("--markdown", default=None, help="write the tables as Markdown here")
     parser.add_argument("--plots", default=None, help="write PNG plots into this folder")
 
 
+def _hold_ratio(text: str) -> float:
+    try:
+        return check_hold_ratio(float(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _simulate(catalogue: Catalogue, jobs: list[Job], policy: str, seed: int, config: SimConfig,
-              bounds: Bounds, keep: bool, checkpoint: str | None = None
+              bounds: Bounds, keep: bool, checkpoint: str | None = None, hold_ratio: float | None = None
               ) -> tuple[dict[str, Any], SimResult | None]:
-    placer = make_placer(policy, catalogue, seed, checkpoint)
+    placer = make_placer(policy, catalogue, seed, checkpoint, hold_ratio)
     result = Simulator(catalogue, jobs, placer, seed=seed, config=config).run()
     row = summarize(result, bounds)
     row["policy"] = policy
@@ -105,7 +117,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             for policy in policies:
                 keep = bool(args.plots) and s == 0 and seed == seeds[0]
                 work.append(((s, seed, policy), (catalogue, jobs, policy, seed, config, bounds, keep,
-                                                 args.checkpoint)))
+                                                 args.checkpoint, args.hold_ratio)))
     t0 = time.perf_counter()
     done: dict[tuple[int, int, str], tuple[dict[str, Any], SimResult | None]] = {}
     if args.jobs > 1:
@@ -144,7 +156,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             "workflows": settings, "pools": str(args.pools), "policies": policies, "load": args.load,
             "arrival": args.arrival, "dag_runs": args.dag_runs, "seeds": seeds,
             "duration_noise": args.duration_noise, "failure_rate": args.failure_rate,
-            "dispatch_latency_s": args.dispatch_latency, "max_wait_s": args.max_wait_s, "wall_s": wall,
+            "dispatch_latency_s": args.dispatch_latency, "max_wait_s": args.max_wait_s,
+            "hold_ratio": str(HOLD_RATIO if args.hold_ratio is None else args.hold_ratio), "wall_s": wall,
         },
         "results": results,
         "references": {

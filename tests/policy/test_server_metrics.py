@@ -53,6 +53,9 @@ def test_config_from_env_and_cli() -> None:
     assert (cfg.batch_max, cfg.prefix, cfg.temperature) == (8, "clip", 0.3)
     with pytest.raises(ConfigError, match="DRL_POLICY_BATCH_MAX"):
         ServerConfig.from_sources({}, {"DRL_POLICY_BATCH_MAX": "many"})
+    # the GNN's stop guard: work-conserving by default, the earlier rule by setting
+    assert ServerConfig().hold_ratio == float("inf")
+    assert ServerConfig.from_sources({}, {"DRL_POLICY_HOLD_RATIO": "1"}).hold_ratio == 1.0
 
 
 @pytest.mark.parametrize(
@@ -65,6 +68,7 @@ def test_config_from_env_and_cli() -> None:
         ({"device": "tpu"}, "device"),
         ({"reconnect_base_s": 2.0, "reconnect_max_s": 1.0}, "reconnect_max_s"),
         ({"skew_threshold": 1.5}, "skew_threshold"),
+        ({"hold_ratio": 0.5}, "hold_ratio"),
     ],
 )
 def test_config_is_validated(kwargs: dict[str, object], match: str) -> None:

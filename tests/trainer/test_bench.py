@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from trainer.cli import main
 from trainer.metrics import KEYS
 
@@ -56,3 +58,20 @@ def test_bench_bounds_holds_like_the_executor(tmp_path):
     assert runs[None]["config"]["max_wait_s"] is None and runs["0"]["config"]["max_wait_s"] == 0.0
     assert runs[None]["results"][0]["wait_fallbacks"] == 0
     assert runs["0"]["results"][0]["wait_fallbacks"] > 0
+
+
+def test_bench_sets_the_learned_policys_stop_guard(tmp_path, capsys):
+    # --hold-ratio reaches the drl placer and is recorded; the default is the shipped guard (inf,
+    # work-conserving); a ratio below 1 is refused by the parser with the reason.
+    runs = {}
+    for ratio in (None, "1"):
+        out = tmp_path / f"bench-{ratio}.json"
+        extra = ["--hold-ratio", ratio] if ratio else []
+        assert main(["bench", "--workflows", "etl", "--policies", "drl", "--dag-runs", "4",
+                     "--json", str(out), *extra]) == 0
+        runs[ratio] = json.loads(out.read_text())
+    assert runs[None]["config"]["hold_ratio"] == "inf" and runs["1"]["config"]["hold_ratio"] == "1.0"
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["bench", "--workflows", "etl", "--policies", "drl", "--hold-ratio", "0.5"])
+    assert "hold_ratio must be >= 1" in capsys.readouterr().err

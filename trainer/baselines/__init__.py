@@ -37,17 +37,19 @@ LEARNED = "drl"
 
 
 def make_placer(name: str, catalogue: Catalogue | None = None, seed: int = 0,
-                checkpoint: str | Path | None = None) -> Placer:
+                checkpoint: str | Path | None = None, hold_ratio: float | None = None) -> Placer:
     """A fresh placer (placers keep per-simulation state: build one per simulation).
 
     ``drl`` is the GNN policy loaded from ``checkpoint`` (default: the committed default
-    checkpoint), greedy, on the CPU.
+    checkpoint), greedy, on the CPU, with its stop guard at ``hold_ratio`` (default:
+    :data:`policy.features.HOLD_RATIO`).
     """
     if name == LEARNED:
         from policy.gnn import GNNPlacer
         from policy.registry import DEFAULT_CHECKPOINT
 
-        return GNNPlacer.from_checkpoint(checkpoint or DEFAULT_CHECKPOINT, device="cpu")
+        extra = {} if hold_ratio is None else {"hold_ratio": hold_ratio}
+        return GNNPlacer.from_checkpoint(checkpoint or DEFAULT_CHECKPOINT, device="cpu", **extra)
     if name == "random":
         return RandomPlacer(catalogue, seed)
     if name == "round-robin":
