@@ -1,0 +1,33 @@
+"""``scripts/ratio_table.py``: drl over the per-setting best baseline from JSON run apart."""
+
+from __future__ import annotations
+
+import json
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ratio_table.py"
+
+
+def _bench(path: Path, rows: list[tuple[str, str, float]]) -> None:
+    path.write_text(json.dumps({"results": [
+        {"policy": p, "setting": s, "mean_jct_s": v} for p, s, v in rows]}))
+
+
+def test_ratio_table_matches_settings_across_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    epi_here = "../shared/w/epigenomics-a-001.json,../shared/w/epigenomics-b-001.json"
+    epi_there = "/work/shared/w/epigenomics-a-001.json,/work/shared/w/epigenomics-b-001.json"
+    for seed, scale in ((0, 1.0), (20, 2.0)):
+        _bench(tmp_path / f"base-{seed}.json", [("srpt+eft", epi_here, 100 * scale), ("heft", epi_here, 80 * scale),
+                                                ("srpt+eft", "wfcommons:bwa:200:3", 50 * scale)])
+        _bench(tmp_path / f"m-{seed}.json", [("drl", epi_there, 88 * scale), ("drl", "wfcommons:bwa:200:3", 55 * scale)])
+    monkeypatch.setattr(sys, "argv", ["ratio_table.py", str(tmp_path / "base"), f"m={tmp_path / 'm'}",
+                                      "--seeds", "0", "20"])
+    runpy.run_path(str(SCRIPT), run_name="__main__")
+    out = capsys.readouterr().out
+    # 88/80 = 1.1 (the best baseline, heft, not srpt+eft) and 55/50 = 1.1 on both seed pairs
+    assert out.strip() == "m: 1.100 / 1.100  mean 1.100  (epigenomics 1.100 / bwa 1.100)"
