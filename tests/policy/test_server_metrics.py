@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -33,8 +34,15 @@ def test_metrics_and_health_endpoints(start_server, rclient: redis.Redis) -> Non
         code, body = _get(f"http://127.0.0.1:{http.port}/health")
         doc = json.loads(body)
         assert code == 200 and doc["version"] == "eft:heuristic-1" and doc["device"] == "cpu"
-        code, body = _get(f"http://127.0.0.1:{http.port}/metrics")
-        text = body.decode()
+        # a request is counted once its reply is delivered (after the reply's push, with its
+        # latency), so the client can read /metrics a moment before the third one is counted
+        deadline = time.monotonic() + 5.0
+        while True:
+            code, body = _get(f"http://127.0.0.1:{http.port}/metrics")
+            text = body.decode()
+            if 'drl_policy_requests_total{outcome="ok"} 3.0' in text or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
         assert code == 200
         assert 'drl_policy_requests_total{outcome="ok"} 3.0' in text
         assert "drl_policy_request_seconds_bucket" in text and "drl_policy_batch_requests_count" in text
