@@ -19,22 +19,21 @@ from __future__ import annotations
 
 import argparse
 import glob
-import time
 from typing import Mapping
 
 import numpy as np
 
 from policy.catalogue import load_catalogue
-from policy.features import featurize, pair_rows
+from policy.features import DYNAMIC_PAIR_COLUMNS, PAIR_FEATURES, READY_FEATURES, PairDynamics, featurize
 from policy.placement import Placer
 from policy.schema import Decision, PlacementRequest, RunGraph
 from trainer.baselines import make_placer
-from trainer.simulator import SimConfig, Simulator
-from trainer.train import Args, make_stream, settings_from
+from trainer.train import Args, make_stream, settings_from, simulate
 
-#: feature columns the rule reads
-_WORK_LEFT = 5  # READY_FEATURES "log_run_work_left" (log1p(seconds) / 8)
-_FINISH_RATIO, _FREE = 5, 9  # PAIR_FEATURES "finish_ratio", "has_free_slot"
+#: the feature columns the rule reads (the pair ones among the decode-dependent columns)
+_WORK_LEFT = READY_FEATURES.index("log_run_work_left")
+_FINISH_RATIO = DYNAMIC_PAIR_COLUMNS.index(PAIR_FEATURES.index("finish_ratio"))
+_FREE = DYNAMIC_PAIR_COLUMNS.index(PAIR_FEATURES.index("has_free_slot"))
 
 
 class FeatureRule:
@@ -52,16 +51,16 @@ class FeatureRule:
         fb = featurize(request, graphs, pairs=False)
         key = fb.ready_x[:, _WORK_LEFT].astype(np.float64)
         remaining = [int(i) for i in fb.order]
-        placed = np.zeros(len(fb.pools))
+        dynamics = PairDynamics(fb.pairs)  # the GNN decoder's backlog-aware pair columns
         idle = not any(p.busy + p.queued for p in fb.pools)
         out: list[Decision] = []
         while remaining:
             rows = np.array(remaining)
-            x, mask = pair_rows(fb.pairs, rows, placed)
-            keep = mask | ~mask.any(axis=1, keepdims=True)
-            earliest = keep & (x[..., _FINISH_RATIO] <= 0.0)
+            d = dynamics(rows)
+            # feasible pools (all of them for a task none can hold) with the earliest finish
+            earliest = fb.pairs.ref[rows] & (d[..., _FINISH_RATIO] <= 0.0)
             if self.hold and not (idle and not out):
-                earliest &= x[..., _FREE] > 0.5
+                earliest &= d[..., _FREE] > 0.5
             # least work left first; rows are in decode order, so argmax breaks ties by critical path
             score = np.where(earliest, -key[rows, None], -np.inf)
             if not np.isfinite(score.max()):
@@ -70,7 +69,7 @@ class FeatureRule:
             r, pool = int(rows[i]), fb.pools[j]
             t = fb.ready[r]
             out.append(Decision(t.run_key, t.task_id, pool.name, pool.vm_class, reason=self.name))
-            placed[j] += 1
+            dynamics.place(int(j))
             remaining.remove(r)
         return out
 
@@ -91,18 +90,15 @@ def main() -> None:
         setting = settings_from(spec, 1)[0]
         for seed in a.seeds:
             jobs = make_stream(setting, cat, 30, seed, args)
-            found: list[tuple[str, float, float]] = []
+            found: list[tuple[str, float]] = []
             for name in ("srpt+eft", "rule", "drl"):
                 placer: Placer = (FeatureRule(a.hold) if name == "rule"
                                   else make_placer(name, cat, seed, checkpoint=a.checkpoint))
-                t = time.perf_counter()
-                res = Simulator(cat, jobs, placer, seed=seed, config=SimConfig(duration_noise=0.3)).run()
-                jct = sum(j.finish_s - j.arrival_s for j in res.jobs) / len(res.jobs)
-                found.append((name, jct, time.perf_counter() - t))
+                found.append((name, simulate(cat, jobs, placer, seed, args)["mean_jct_s"]))
             ref = found[0][1]
             label = "epigenomics traces" if spec == epi else spec
             print(f"{label} seed {seed}: " + ", ".join(
-                f"{n} {j:.0f} s ({j / ref:.3f})" for n, j, _ in found), flush=True)
+                f"{n} {j:.0f} s ({j / ref:.3f})" for n, j in found), flush=True)
 
 
 if __name__ == "__main__":
