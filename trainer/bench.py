@@ -56,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration-noise", type=float, default=0.3, help="log-normal sigma of run times")
     parser.add_argument("--failure-rate", type=float, default=0.0, help="probability a try fails")
     parser.add_argument("--dispatch-latency", type=float, default=0.0, help="seconds per dispatch")
+    parser.add_argument("--max-wait-s", type=float, default=None,
+                        help="bound holding as the executor does ([drl_executor] max_wait_s, 60 there): a task "
+                             "held this long is placed by the fallback heuristic (default: unbounded)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--json", dest="json_path", default=None, help="write the results here")
     parser.add_argument("--markdown", default=None, help="write the tables as Markdown here")
@@ -81,7 +84,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     policies = expand(args.policies)
     settings = args.workflows or ["seed"]
     config = SimConfig(duration_noise=args.duration_noise, failure_rate=args.failure_rate,
-                       dispatch_latency_s=args.dispatch_latency)
+                       dispatch_latency_s=args.dispatch_latency, max_wait_s=args.max_wait_s)
     seeds = [args.seed + k for k in range(args.seeds)]
     work = []
     for s, spec in enumerate(settings):
@@ -136,7 +139,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             "workflows": settings, "pools": str(args.pools), "policies": policies, "load": args.load,
             "arrival": args.arrival, "dag_runs": args.dag_runs, "seeds": seeds,
             "duration_noise": args.duration_noise, "failure_rate": args.failure_rate,
-            "dispatch_latency_s": args.dispatch_latency, "wall_s": wall,
+            "dispatch_latency_s": args.dispatch_latency, "max_wait_s": args.max_wait_s, "wall_s": wall,
         },
         "results": results,
         "references": {

@@ -74,6 +74,7 @@ def summarize(result: SimResult, bounds: Bounds) -> dict[str, Any]:
         "decisions_per_s": result.decisions / result.placer_s if result.placer_s > 0 else float("inf"),
         "failed_tries": result.failed_tries,
         "refused_decisions": result.refused_decisions,
+        "wait_fallbacks": result.wait_fallbacks,
         "events": result.events,
         "wall_s": result.wall_s,
     }

@@ -42,6 +42,11 @@ What decisions do
     that is down or cannot hold the task is refused the same way (counted in
     ``SimResult.refused_decisions``). A decision for a task that is not ready raises
     :class:`SimulationError`, as does a placer that leaves tasks ready while nothing can happen.
+    With ``SimConfig.max_wait_s`` set, holding is bounded as the executor bounds it (its
+    ``[drl_executor] max_wait_s``): a task first left without a decision at time t is offered
+    again until t + max_wait_s (a wake-up event makes that instant a decision point), then the
+    executor's fallback (:class:`~policy.placement.EarliestFinishPlacer`) places it, counted in
+    ``SimResult.wait_fallbacks``.
 
 Durations and randomness
     ``TaskNode.duration_s`` is the *expected* run time at speed 1.0. The realised time of a try is
@@ -70,7 +75,7 @@ import numpy as np
 from policy.catalogue import Catalogue
 from policy.errors import PolicyError
 from policy.graph import GraphView, view
-from policy.placement import Placer
+from policy.placement import EarliestFinishPlacer, Placer
 from policy.schema import (
     MAX_FREE_AT,
     Decision,
@@ -139,12 +144,17 @@ class SimConfig:
     slowdowns: tuple[Slowdown, ...] = ()
     #: KEDA-style scaling of elastic pools; False keeps every pool at its ``workers``
     autoscale: bool = True
+    #: longest a task may be held (left without a decision) before the executor's fallback places
+    #: it, as ``[drl_executor] max_wait_s`` (default there 60); None = unbounded
+    max_wait_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.duration_noise < 0 or not math.isfinite(self.duration_noise):
             raise ValueError(f"duration_noise must be >= 0, got {self.duration_noise!r}")
         if self.dispatch_latency_s < 0:
             raise ValueError(f"dispatch_latency_s must be >= 0, got {self.dispatch_latency_s!r}")
+        if self.max_wait_s is not None and not (self.max_wait_s >= 0 and math.isfinite(self.max_wait_s)):
+            raise ValueError(f"max_wait_s must be None or a finite number >= 0, got {self.max_wait_s!r}")
         for name, rate in [("*", self.failure_rate), *self.pool_failure_rate.items()]:
             if not 0.0 <= rate < 1.0:
                 raise ValueError(f"failure rate of pool {name!r} must be in [0, 1), got {rate!r}")
@@ -202,6 +212,8 @@ class SimResult:
     requests: int = 0
     placer_s: float = 0.0
     refused_decisions: int = 0
+    #: tasks placed by the executor's fallback after being held ``max_wait_s``
+    wait_fallbacks: int = 0
     failed_tries: int = 0
     events: int = 0
     wall_s: float = 0.0
@@ -211,7 +223,9 @@ class SimResult:
 # --- the simulator ------------------------------------------------------------------------------
 
 _WAITING, _READY, _QUEUED, _RUNNING, _DONE = range(5)
-_ARRIVE, _FINISH, _LAND, _BOOT, _SCALE, _DOWN, _UP, _SLOW, _FAST = range(9)
+_ARRIVE, _FINISH, _LAND, _BOOT, _SCALE, _DOWN, _UP, _SLOW, _FAST, _WAKE = range(10)
+#: what places a task held past ``max_wait_s``: the executor's fallback
+_WAIT_FALLBACK = EarliestFinishPlacer(fallback=True)
 
 
 class _Run:
@@ -338,6 +352,8 @@ class Simulator:
         self._graphs: dict[str, RunGraph] = {}
         self._ready: dict[tuple[int, int], ReadyTask] = {}
         self._ready_t: tuple[ReadyTask, ...] | None = None
+        self._held_since: dict[tuple[int, int], float] = {}
+        self._wait_fallbacks = 0
         self._dirty = False
         self._done = False
         self._result: SimResult | None = None
@@ -369,6 +385,8 @@ class Simulator:
     def step(self, decisions: Iterable[Decision]) -> PlacementRequest | None:
         """Apply the decisions for the last request, then run to the next decision point."""
         self._apply(decisions)
+        if self.config.max_wait_s is not None and self._ready:
+            self._bound_holds(self.config.max_wait_s)
         self._dirty = False
         return self._advance()
 
@@ -427,6 +445,7 @@ class Simulator:
             requests=self._requests,
             placer_s=self._placer_s,
             refused_decisions=self._refused,
+            wait_fallbacks=self._wait_fallbacks,
             failed_tries=self._failed,
             events=self._events,
             wall_s=_time.perf_counter() - self._wall0,
@@ -508,6 +527,7 @@ class Simulator:
             pool = self._pools[a]
             pool.speed_factor = 1.0
             pool.invalidate()
+        # _WAKE: nothing to apply; the instant is a decision point (a held task's wait ends)
 
     def _arrive(self, idx: int) -> None:
         job = self.jobs[idx]
@@ -668,11 +688,32 @@ class Simulator:
         return dataclasses.replace(st, max_slots=top if top > st.slots else None,
                                    boot_s=pool.spec.boot_delay_s, free_at=tuple(out[:MAX_FREE_AT]))
 
-    def _request(self) -> PlacementRequest:
-        if self._ready_t is None:
-            self._ready_t = tuple(self._ready.values())
+    def _bound_holds(self, limit: float) -> None:
+        """The executor's bound on holding: place tasks held ``limit`` seconds by its fallback."""
+        now = self._now
+        overdue = []
+        for key in self._ready:
+            since = self._held_since.get(key)
+            if since is None:
+                self._held_since[key] = since = now
+                self._push(now + limit, _WAKE)
+            if now - since >= limit - 1e-9:
+                overdue.append(key)
+        if overdue:
+            decisions = _WAIT_FALLBACK.place(self._request(overdue), self._graphs)
+            self._wait_fallbacks += len(decisions)
+            self._apply(decisions)
+
+    def _request(self, keys: Sequence[tuple[int, int]] | None = None) -> PlacementRequest:
+        """The request for every ready task, or for ``keys`` only."""
+        if keys is not None:
+            ready = tuple(self._ready[k] for k in keys)
+        else:
+            if self._ready_t is None:
+                self._ready_t = tuple(self._ready.values())
+            ready, keys = self._ready_t, list(self._ready)
         seen: dict[int, None] = {}
-        for r, _ in self._ready:
+        for r, _ in keys:
             seen[r] = None
         runs = []
         progress = []
@@ -693,7 +734,7 @@ class Simulator:
         self._requests += 1
         return PlacementRequest(
             request_id=f"sim-{self.seed}-{self._requests}",
-            ready=self._ready_t,
+            ready=ready,
             pools=tuple(self._pool_state(p) for p in self._pools),
             runs=tuple(runs),
             progress=tuple(progress),
@@ -724,6 +765,7 @@ class Simulator:
                 self._refused += 1
                 continue
             del self._ready[(r, i)]
+            self._held_since.pop((r, i), None)
             self._ready_t = None
             run.state[i] = _QUEUED
             run.pool[i] = p

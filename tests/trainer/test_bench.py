@@ -41,3 +41,18 @@ def test_bench_measures_the_committed_policy_against_baselines_only(tmp_path, ca
     assert data["references"]["per_setting_best"]["etl"] != "drl"
     best = next(r for r in data["results"] if r["per_setting_best"])
     assert drl["mean_jct_over_per_setting_best"] == drl["mean_jct_s"] / best["mean_jct_s"]
+
+
+def test_bench_bounds_holds_like_the_executor(tmp_path):
+    # srpt+eft holds a task whose earliest-finish pool is busy; with --max-wait-s 0 every hold
+    # ends at once in the fallback's placement, and the bound is recorded in the config.
+    runs = {}
+    for bound in (None, "0"):
+        out = tmp_path / f"bench-{bound}.json"
+        extra = ["--max-wait-s", bound] if bound else []
+        assert main(["bench", "--workflows", "mlpipeline", "--policies", "srpt+eft", "--dag-runs", "8",
+                     "--json", str(out), *extra]) == 0
+        runs[bound] = json.loads(out.read_text())
+    assert runs[None]["config"]["max_wait_s"] is None and runs["0"]["config"]["max_wait_s"] == 0.0
+    assert runs[None]["results"][0]["wait_fallbacks"] == 0
+    assert runs["0"]["results"][0]["wait_fallbacks"] > 0

@@ -94,6 +94,33 @@ def test_deadlock_is_reported():
         Simulator(cat, [Job(_chain("a"), 0.0)], _Never(), seed=0).run()
 
 
+def test_max_wait_bounds_holds_as_the_executor_does():
+    # A placer that never places: each task of the chain is held max_wait_s, then the executor's
+    # fallback (earliest finish: the speed-4 pool, 10 s / 4) places it.
+    cat = load_catalogue(f"{CATALOGUES}/speeds-1-2-4.yaml")
+    jobs = [Job(_chain("a"), 0.0)]
+    r = Simulator(cat, jobs, _Never(), seed=0, max_wait_s=7.0).run()
+    assert r.jobs[0].finish_s == pytest.approx(3 * (7.0 + 2.5))
+    assert r.wait_fallbacks == 3 and r.decisions == 3
+    assert {t.pool for t in r.tasks} == {"speed-4"}
+    check_conservation(jobs, r, cat)
+
+
+def test_max_wait_leaves_a_placer_that_places_in_time_alone():
+    cat = load_catalogue(f"{CATALOGUES}/speeds-1-2-4.yaml")
+    jobs = [Job(_chain(f"r{i}", 2), float(i)) for i in range(5)]
+    free = Simulator(cat, jobs, _Lazy(), seed=0).run()
+    bounded = Simulator(cat, jobs, _Lazy(), seed=0, max_wait_s=1e6).run()
+    assert bounded.wait_fallbacks == 0
+    assert [j.finish_s for j in bounded.jobs] == [j.finish_s for j in free.jobs]
+    at_once = [Job(_chain(f"r{i}", 2), 0.0) for i in range(5)]  # 5 ready, one placed per request
+    tight = Simulator(cat, at_once, _Lazy(), seed=0, max_wait_s=0.0).run()
+    assert tight.wait_fallbacks >= 4
+    check_conservation(at_once, tight, cat)
+    with pytest.raises(ValueError, match="max_wait_s"):
+        Simulator(cat, jobs, _Lazy(), seed=0, max_wait_s=-1.0)
+
+
 def test_step_api_matches_run():
     cat = load_catalogue(f"{CATALOGUES}/speeds-1-2-4.yaml")
     jobs = [Job(_chain(f"r{i}", 4), 3.0 * i) for i in range(6)]
