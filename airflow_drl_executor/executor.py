@@ -39,7 +39,7 @@ from policy.catalogue import Catalogue, load_catalogue
 from policy.errors import PolicyError
 from policy.graph import view
 from policy.placement import EarliestFinishPlacer
-from policy.schema import Decision, PlacementRequest, PoolState, ReadyTask, RunGraph, RunProgress
+from policy.schema import MAX_FREE_AT, Decision, PlacementRequest, PoolState, ReadyTask, RunGraph, RunProgress, TaskNode
 
 if TYPE_CHECKING:
     from airflow.executors import workloads
@@ -64,6 +64,8 @@ class DRLExecutor(CeleryExecutor):
         )
         self._client: PlacementClient | None = None
         self._pool_of: dict[Any, str] = {}
+        #: the ledger the list-scheduling baselines keep: expected finish (epoch s) of each task sent
+        self._finish_at: dict[Any, float] = {}
         self._held_since: dict[Any, float] = {}
         self._traces_ready = False
 
@@ -94,6 +96,7 @@ class DRLExecutor(CeleryExecutor):
         super().change_state(key, state, info, remove_running=remove_running)
         if key not in self.running:
             self._pool_of.pop(key, None)
+            self._finish_at.pop(key, None)
 
     # --- placement -------------------------------------------------------------------------------
 
@@ -115,9 +118,29 @@ class DRLExecutor(CeleryExecutor):
         return self.get_task_key(workload.ti) if self.supports_task_instance_uuid else workload.ti.key
 
     def pool_states(self) -> tuple[PoolState, ...]:
-        """The catalogue's pools with the slots this executor has in flight on each."""
+        """The catalogue's pools with the slots this executor has in flight on each, the expected
+        finish times of those tasks (its ledger), and how far each pool may grow."""
         busy = Counter(pool for key, pool in self._pool_of.items() if key in self.running)
-        return tuple(spec.state(busy=busy.get(spec.name, 0)) for spec in self.catalogue.pools)
+        finish: dict[str, list[float]] = {}
+        for key, pool in self._pool_of.items():
+            if key in self.running and key in self._finish_at:
+                finish.setdefault(pool, []).append(self._finish_at[key])
+        out = []
+        for spec in self.catalogue.pools:
+            st = spec.state(busy=busy.get(spec.name, 0))
+            top = (spec.max_workers if spec.max_workers is not None else spec.workers) * spec.slots_per_worker
+            out.append(replace(st, max_slots=top if top > st.slots else None, boot_s=spec.boot_delay_s,
+                               free_at=tuple(sorted(finish.get(spec.name, ()))[-MAX_FREE_AT:])))
+        return tuple(out)
+
+    def _expected_finish(self, pool: PoolState, task: TaskNode | None, now: float) -> float:
+        """The ledger's estimate for a task sent to ``pool`` now: it starts when a slot frees."""
+        run_s = (task.duration_s if task is not None else self.drl_config.default_duration_s) / max(
+            pool.speed_for(task.kind if task is not None else ""), 1e-3)
+        # every task sent there and not yet finished, this batch's earlier ones included
+        ahead = sorted(t for k, t in self._finish_at.items() if self._pool_of.get(k) == pool.name)
+        start = now if len(ahead) < pool.slots or pool.slots <= 0 else max(now, ahead[len(ahead) - pool.slots])
+        return start + run_s
 
     def _place(self, tasks: Sequence[Any]) -> tuple[list[tuple[Any, traces.PlacementRecord]], set[int]]:
         """Place ``tasks``: their trace records, and the ``id()`` of the workloads held back to wait."""
@@ -180,8 +203,12 @@ class DRLExecutor(CeleryExecutor):
             self._pool_of[key] = decision.pool
             graph = graphs.get(inst.run_key)
             features: dict[str, Any] = {}
-            if graph is not None:
-                features = graph.tasks[view(graph).index[inst.task_id]].to_json()
+            node = graph.tasks[view(graph).index[inst.task_id]] if graph is not None else None
+            if node is not None:
+                features = node.to_json()
+            pool_state = next((p for p in pools if p.name == decision.pool), None)
+            if pool_state is not None:
+                self._finish_at[key] = self._expected_finish(pool_state, node, time.time())
             records.append((key, traces.PlacementRecord(
                 ti_id=str(w.ti.id), dag_id=inst.dag_id, run_id=inst.run_id, task_id=inst.task_id,
                 map_index=int(w.ti.map_index if w.ti.map_index is not None else -1),

@@ -146,7 +146,12 @@ def decode_greedy(
     keep = np.zeros((S, R, P), dtype=bool)
     fit = np.zeros((S, R, P), dtype=bool)
     slots = np.ones((S, P), dtype=np.float64)
-    zero_slots = np.zeros((S, P), dtype=bool)
+    top = np.ones((S, P), dtype=np.float64)
+    queued = np.zeros((S, P), dtype=np.float64)
+    boot = np.zeros((S, P), dtype=np.float64)
+    kmax = max(fb.pairs.free_pad.shape[1] if fb.pairs.free_pad is not None else 1 for fb in fbs)
+    pad = np.zeros((S, P, kmax), dtype=np.float64)
+    nfree = np.zeros((S, P), dtype=np.int64)
     base = np.zeros((S, P), dtype=np.float64)
     row_valid = np.zeros((S, R), dtype=bool)
     slot_row = np.zeros((S, R), dtype=np.int64)
@@ -167,8 +172,16 @@ def decode_greedy(
         keep[s, :n, :p] = (m_all | ~m_all.any(axis=1, keepdims=True))[o]
         fit[s, :n, :p] = m_all[o]
         slots[s, :p] = fb.pairs.slots
-        zero_slots[s, :p] = fb.pairs.slots == 0
-        base[s, :p] = fb.pairs.base_backlog
+        ps = fb.pairs
+        top[s, :p] = ps.max_slots if ps.max_slots is not None else ps.slots
+        queued[s, :p] = ps.queued if ps.queued is not None else 0.0
+        boot[s, :p] = ps.boot_s if ps.boot_s is not None else 0.0
+        if ps.free_pad is not None and ps.free_n is not None:
+            k = ps.free_pad.shape[1]
+            pad[s, :p, :k] = ps.free_pad
+            pad[s, :p, k:] = ps.free_pad[:, -1:]
+            nfree[s, :p] = ps.free_n
+        base[s, :p] = ps.base_backlog
         row_valid[s, :n] = True
         slot_row[s, :n] = off + o
         busy[s] = any(q.busy + q.queued > 0 for q in fb.pools)
@@ -176,10 +189,10 @@ def decode_greedy(
         pool_valid[s, :p] = True
         off += n
     ready_x = np.concatenate([fb.ready_x for fb in fbs])
-    (t_sx, t_run, t_ref, t_keep, t_fit, t_slots, t_zero, t_base, t_valid, t_slot_row, t_busy, t_pool_x,
-     t_pool_valid, t_ready_x, t_node, t_run_idx) = upload(
-        [sx, run_s, ref, keep, fit, slots, zero_slots, base, row_valid, slot_row, busy, pool_x, pool_valid,
-         ready_x, node_idx, run_idx], device)
+    (t_sx, t_run, t_ref, t_keep, t_fit, t_slots, t_top, t_queued, t_boot, t_pad, t_nfree, t_base, t_valid,
+     t_slot_row, t_busy, t_pool_x, t_pool_valid, t_ready_x, t_node, t_run_idx) = upload(
+        [sx, run_s, ref, keep, fit, slots, top, queued, boot, pad, nfree, base, row_valid, slot_row, busy, pool_x,
+         pool_valid, ready_x, node_idx, run_idx], device)
 
     # --- one model call per phase: task parts of all rows, pool parts of all requests ----------
     a_rows = model.task_part(h_table[t_node], s_table[t_run_idx], t_ready_x)  # [sum R, H]
@@ -212,10 +225,11 @@ def decode_greedy(
     state: list[Any]
     if use_numpy:
         model_arrays = download([pre, a, g, c_t, c_dyn, w, w_b, s0_w, s0_b, s2_w, s2_b])
-        state = [sx, run_s, ref, keep, fit, slots, zero_slots, base, row_valid, busy, pool_valid]
+        state = [sx, run_s, ref, keep, fit, (slots, top, queued, base, boot, pad, nfree), row_valid, busy, pool_valid]
     else:
         model_arrays = [pre, a, g, c_t, c_dyn, w, w_b, s0_w, s0_b, s2_w, s2_b]
-        state = [t_sx, t_run, t_ref, t_keep, t_fit, t_slots, t_zero, t_base, t_valid, t_busy, t_pool_valid]
+        state = [t_sx, t_run, t_ref, t_keep, t_fit, (t_slots, t_top, t_queued, t_base, t_boot, t_pad, t_nfree), t_valid,
+                 t_busy, t_pool_valid]
     # padded slots and finished requests compute inf and NaN that are masked, never chosen
     with np.errstate(divide="ignore", invalid="ignore"):
         found = _steps(xp, *model_arrays, *state, allow_wait=allow_wait, hold_ratio=check_hold_ratio(hold_ratio),
@@ -259,6 +273,7 @@ class _Ops:
     zeros: Callable[[tuple[int, ...], Any], Any]
     tile: Callable[[Any, int], Any]
     copy: Callable[[Any], Any]
+    take_last: Callable[[Any, Any], Any]  # x[..., idx[...]] along the last axis
 
 
 _NUMPY = _Ops(
@@ -269,6 +284,7 @@ _NUMPY = _Ops(
     zeros=lambda shape, t: np.zeros(shape, dtype=t),
     tile=np.tile,
     copy=np.copy,
+    take_last=lambda x, i: np.take_along_axis(x, i[..., None], -1)[..., 0],
 )
 
 
@@ -281,12 +297,13 @@ def _torch_ops(device: torch.device) -> _Ops:
         zeros=lambda shape, t: torch.zeros(shape, dtype=t, device=device),
         tile=lambda x, n: x.repeat(n),
         copy=torch.clone,
+        take_last=lambda x, i: torch.gather(x, -1, i.unsqueeze(-1)).squeeze(-1),
     )
 
 
 def _steps(xp: _Ops, pre: Any, a: Any, g: Any, c_t: Any, c_dyn: Any, w: Any, w_b: Any, s0_w: Any,
-           s0_b: Any, s2_w: Any, s2_b: Any, sx: Any, run_s: Any, ref: Any, keep: Any, fit: Any, slots: Any,
-           zero: Any, base: Any, valid: Any, busy: Any, pool_valid: Any, *, allow_wait: bool,
+           s0_b: Any, s2_w: Any, s2_b: Any, sx: Any, run_s: Any, ref: Any, keep: Any, fit: Any,
+           pools: tuple[Any, ...], valid: Any, busy: Any, pool_valid: Any, *, allow_wait: bool,
            hold_ratio: float, sync_every: int) -> list[Any]:
     """The greedy steps and the evidence of each placed row (shapes in the module docstring).
 
@@ -307,7 +324,7 @@ def _steps(xp: _Ops, pre: Any, a: Any, g: Any, c_t: Any, c_dyn: Any, w: Any, w_b
     hist_placed = xp.zeros((R, S, P), xp.f64)  # placed before each step
     hist_k = xp.zeros((R, S), xp.i64)
     hist_go = xp.zeros((R, S), m.bool_ if xp is _NUMPY else m.bool)
-    slots_b, zero_b = slots[:, None, :], zero[:, None, :]
+    base = pools[3]
     blocked = ~keep
     absent = ~(valid[:, :, None] & pool_valid[:, None, :])
     stop_col = R * P
@@ -315,7 +332,7 @@ def _steps(xp: _Ops, pre: Any, a: Any, g: Any, c_t: Any, c_dyn: Any, w: Any, w_b
     for t in range(R):
         steps = t + 1
         hist_placed[t] = placed
-        d = _pair_dynamic(xp, run_s, ref, slots_b, zero_b, (base + placed)[:, None, :])
+        d = _pair_dynamic(xp, run_s, ref, pools, base + placed, row_axis=True)
         z = m.clip(pre + d @ c_dyn, 0, None)  # relu: [S, R, P, H]
         logits = m.where(blocked, NEG_INF, xp.cast(z @ w + w_b, xp.f64))  # [S, R, P]
         logits = m.where(absent | ~remaining[:, :, None], -math.inf, logits)
@@ -342,8 +359,8 @@ def _steps(xp: _Ops, pre: Any, a: Any, g: Any, c_t: Any, c_dyn: Any, w: Any, w_b
     # evidence of each placed row at its step: one pass, the same formulas as in the steps
     es = xp.tile(arange, steps)  # [M] request of each (step, request) entry
     ek = hist_k[:steps].reshape(steps * S)
-    d = _pair_dynamic(xp, run_s[es, ek], ref[es, ek], slots[es], zero[es],
-                      base[es] + hist_placed[:steps].reshape(steps * S, P))  # [M, P, 5]
+    d = _pair_dynamic(xp, run_s[es, ek], ref[es, ek], tuple(a[es] for a in pools),
+                      base[es] + hist_placed[:steps].reshape(steps * S, P), row_axis=False)  # [M, P, 5]
     z = m.clip(pre[es, ek] + d @ c_dyn, 0, None)  # [M, P, H]
     row_logits = m.where(blocked[es, ek], NEG_INF, xp.cast(z @ w + w_b, xp.f64))
     row_logits = m.where(absent[es, ek], -math.inf, row_logits)
@@ -355,14 +372,26 @@ def _steps(xp: _Ops, pre: Any, a: Any, g: Any, c_t: Any, c_dyn: Any, w: Any, w_b
     return [actions, hist_k[:steps], hist_go[:steps], probs, d, contrib]
 
 
-def _pair_dynamic(xp: _Ops, run_s: Any, ref: Any, slots: Any, zero: Any, backlog: Any) -> Any:
+def _pair_dynamic(xp: _Ops, run_s: Any, ref: Any, pools: tuple[Any, ...], backlog: Any, *,
+                  row_axis: bool) -> Any:
     """``[..., P, 5]`` float32: :func:`policy.features.pair_dynamic` over the last axis (pools)
-    in the same float64 operations, given ``backlog`` (busy + queued + placed) per pool."""
+    in the same float64 operations. ``pools`` = ``(slots, top, queued, base, boot [X, P], pad
+    [X, P, K], nfree [X, P])`` and ``backlog [X, P]`` (busy + queued + placed) per pool; with
+    ``row_axis`` ``run_s``/``ref`` are ``[X, R, P]`` (a pool term is broadcast over the rows),
+    else ``[X, P]``. The wait is :func:`policy.features.wait_terms`'."""
     m = xp.mod
-    free = backlog < slots
-    per_slot = m.clip(slots, 1.0, None)
-    wait = m.where(free, 0.0, (backlog - slots + 1) / per_slot * run_s)
-    wait = m.where(zero, wait + run_s, wait)
+    slots, top, queued, base, boot, pad, nfree = pools
+    now_free = backlog < slots
+    grow = ~now_free & (top > slots) & (queued + (backlog - base) < top - slots)
+    free = now_free | grow
+    cap = m.where(grow, boot, math.inf)
+    k = xp.cast(m.clip(backlog - slots, 0.0, None), xp.i64)
+    alpha = m.where(now_free, 0.0, xp.take_last(pad, m.clip(k, None, pad.shape[-1] - 1)))
+    beta = m.where(now_free | (k < nfree), 0.0, (k - nfree + 1) / m.clip(slots, 1.0, None))
+    load = m.clip(backlog / m.clip(slots, 1.0, None), None, 10.0)
+    if row_axis:
+        now_free, free, alpha, beta, cap, load = (x[:, None, :] for x in (now_free, free, alpha, beta, cap, load))
+    wait = m.where(now_free, 0.0, m.minimum(alpha + beta * run_s, cap))
     finish = wait + run_s
     best = m.clip(xp.min_last(m.where(ref, finish, math.inf)), 1e-6, None)
     return xp.cast(m.stack([
@@ -370,5 +399,5 @@ def _pair_dynamic(xp: _Ops, run_s: Any, ref: Any, slots: Any, zero: Any, backlog
         m.log1p(finish) / _LOG,
         m.clip(m.log(m.clip(finish, 1e-6, None) / best), None, 3.0),
         m.broadcast_to(xp.cast(free, xp.f64), wait.shape),
-        m.broadcast_to(m.clip(backlog / per_slot, None, 10.0), wait.shape),
+        m.broadcast_to(load, wait.shape),
     ], -1), xp.f32)

@@ -46,7 +46,7 @@ from policy.errors import SchemaError
 from policy.graph import GraphMemo, GraphView, view
 from policy.schema import PlacementRequest, PoolState, ReadyTask, RunGraph, RunProgress, TaskNode
 
-FEATURE_SCHEMA_VERSION = 1
+FEATURE_SCHEMA_VERSION = 3
 
 #: Task kinds are hashed into this many one-hot buckets (crc32, stable across processes).
 KIND_BUCKETS = 8
@@ -224,10 +224,94 @@ class PairStatic:
     ref: np.ndarray  # [R, P] pools the ratios compare against (feasible, or all if none is)
     #: some pool has zero slots (scaled to zero workers: its wait includes a boot)
     zero_slots: bool = False
+    #: schema 3, per pool: expected seconds until each busy / queued task ends (ascending, from
+    #: ``PoolState.free_at``), the most slots it may grow to, its boot delay, its queued count
+    free_in: tuple[np.ndarray, ...] = ()
+    max_slots: np.ndarray | None = None
+    boot_s: np.ndarray | None = None
+    queued: np.ndarray | None = None
+    #: ``free_in`` as one array ``[P, K]`` (each row padded with its last value, 0 if empty)
+    #: and the count of each row ``[P]``
+    free_pad: np.ndarray | None = None
+    free_n: np.ndarray | None = None
 
 
-def pair_static(tasks: Sequence[TaskNode], pools: Sequence[PoolState]) -> PairStatic:
-    """Precompute the choice-independent pair quantities of ``tasks`` x ``pools``."""
+def pad_free_in(free_in: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """``([P, K] padded, [P] counts)`` of per-pool ascending finish times (see PairStatic)."""
+    n = np.array([len(f) for f in free_in], dtype=np.int64)
+    pad = np.zeros((len(free_in), max(int(n.max()) if len(n) else 0, 1)), dtype=np.float64)
+    for j, f in enumerate(free_in):
+        if len(f):
+            pad[j, : len(f)] = f
+            pad[j, len(f):] = f[-1]
+    return pad, n
+
+
+def wait_terms(ps: PairStatic, backlog: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                            np.ndarray]:
+    """:func:`wait_terms_reference` for ``backlog [..., P]`` at once (the same float64 values)."""
+    s = ps.slots
+    b = np.asarray(backlog, dtype=np.float64)
+    now_free = b < s
+    top = ps.max_slots if ps.max_slots is not None else s
+    queued = ps.queued if ps.queued is not None else np.zeros_like(s)
+    grow = ~now_free & (top > s) & (queued + (b - ps.base_backlog) < top - s)
+    free = now_free | grow
+    boot = ps.boot_s if ps.boot_s is not None else np.zeros_like(s)
+    cap = np.where(grow, boot, np.inf)
+    k = np.maximum(b - s, 0.0).astype(np.int64)
+    if ps.free_pad is None or ps.free_n is None:
+        pad, n = pad_free_in(ps.free_in or tuple(np.zeros(0) for _ in range(len(s))))
+    else:
+        pad, n = ps.free_pad, ps.free_n
+    kk = np.minimum(k, pad.shape[1] - 1)
+    alpha = np.take_along_axis(np.broadcast_to(pad, (*kk.shape, pad.shape[1])), kk[..., None], -1)[..., 0]
+    beta = np.where(k >= n, (k - n + 1) / np.maximum(s, 1.0), 0.0)
+    alpha = np.where(now_free, 0.0, alpha)
+    beta = np.where(now_free, 0.0, beta)
+    return now_free, free, alpha, beta, cap
+
+
+def wait_terms_reference(
+    ps: PairStatic, backlog: Sequence[float]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per pool, given ``backlog[j]`` (busy + queued + placed in this batch): ``(now_free,
+    free, alpha, beta, cap)``: a new task waits 0 if ``now_free`` (a slot is free), else
+    ``min(alpha + beta * its run time, cap)``: ``alpha`` is when the slot it queues for frees
+    (the ledger's ``free_at``, from the pool's expected finish times), extrapolated by ``beta``
+    run times per slot beyond what the pool reported; ``cap`` the boot delay when the pool can
+    still grow (inf otherwise). ``free``: starts without waiting for a running task (a free slot
+    or room to grow), the has-free-slot column."""
+    p = len(backlog)
+    now_free = np.zeros(p, dtype=bool)
+    free = np.zeros(p, dtype=bool)
+    alpha = np.zeros(p, dtype=np.float64)
+    beta = np.zeros(p, dtype=np.float64)
+    cap = np.full(p, np.inf, dtype=np.float64)
+    for j in range(p):
+        b, s = float(backlog[j]), float(ps.slots[j])
+        if b < s:
+            now_free[j] = free[j] = True
+            continue
+        top = float(ps.max_slots[j]) if ps.max_slots is not None else s
+        extra = b - float(ps.base_backlog[j])
+        queued = float(ps.queued[j]) if ps.queued is not None else 0.0
+        if top > s and queued + extra < top - s:
+            free[j] = True
+            cap[j] = float(ps.boot_s[j]) if ps.boot_s is not None else 0.0
+        k = int(b - s)
+        f = ps.free_in[j] if ps.free_in else np.zeros(0)
+        if k < len(f):
+            alpha[j] = f[k]
+        else:
+            alpha[j] = float(f[-1]) if len(f) else 0.0
+            beta[j] = (k - len(f) + 1) / max(s, 1.0)
+    return now_free, free, alpha, beta, cap
+
+
+def pair_static(tasks: Sequence[TaskNode], pools: Sequence[PoolState], now: float = 0.0) -> PairStatic:
+    """Precompute the choice-independent pair quantities of ``tasks`` x ``pools`` (``now``: the
+    request's clock, for the pools' ``free_at``)."""
     r, n = len(tasks), len(pools)
     base_speed = np.array([p.speed for p in pools], dtype=np.float64)
     # Ready tasks share a handful of kinds and resource shapes: each distinct one is looked up
@@ -260,6 +344,8 @@ def pair_static(tasks: Sequence[TaskNode], pools: Sequence[PoolState]) -> PairSt
     big = np.where(ref, run_s, np.inf)
     best_run = np.maximum(big.min(axis=1) if n else np.ones(r), 1e-6)
     best_cost = np.where(ref, cost, np.inf).min(axis=1) if n else np.zeros(r)
+    free_in = tuple(np.maximum(np.sort(np.asarray(p.free_at, dtype=np.float64)) - now, 0.0) for p in pools)
+    free_pad, free_n = pad_free_in(free_in)
     return PairStatic(
         speed=speed,
         affinity=affinity,
@@ -273,6 +359,12 @@ def pair_static(tasks: Sequence[TaskNode], pools: Sequence[PoolState]) -> PairSt
         best_cost=best_cost,
         ref=ref,
         zero_slots=any(p.slots == 0 for p in pools),
+        free_in=free_in,
+        free_pad=free_pad,
+        free_n=free_n,
+        max_slots=np.array([p.max_slots if p.max_slots is not None else p.slots for p in pools], dtype=np.float64),
+        boot_s=np.array([p.boot_s for p in pools], dtype=np.float64),
+        queued=np.array([p.queued for p in pools], dtype=np.float64),
     )
 
 
@@ -284,20 +376,14 @@ def pair_dynamic(ps: PairStatic, rows: np.ndarray, placed: np.ndarray) -> np.nda
     """``[r, P, 5]``: the :data:`DYNAMIC_PAIR_COLUMNS` of :func:`pair_rows` (wait, finish, finish
     ratio, free slot, backlog) given ``placed[j]`` tasks already sent to pool ``j`` in this batch.
 
-    The wait estimate is :class:`~policy.placement.EarliestFinishPlacer`'s: zero while the pool
-    has a free slot, else the backlog beyond the slots per slot times this task's run time; a
-    pool scaled to zero workers must boot one, charged as one extra run time.
+    Schema 3: the wait is the ledger's (:func:`wait_terms`): when the slot the task would queue
+    for frees, from the pools' expected finish times, or a boot when the pool can grow.
     """
     run_s = ps.run_s[rows]  # [r, P]
-    # [P] pool quantities broadcast over the rows (elementwise the same float64 operations as a
-    # [r, P] computation, with fewer numpy calls)
-    slots = ps.slots
     backlog = ps.base_backlog + placed
-    free = backlog < slots
-    per_slot = np.maximum(slots, 1.0)
-    wait_s = np.where(free, 0.0, (backlog - slots + 1) / per_slot * run_s)
-    if ps.zero_slots:  # a pool scaled to zero workers
-        wait_s = np.where(slots == 0, wait_s + run_s, wait_s)
+    now_free, free, alpha, beta, cap = wait_terms(ps, backlog)
+    wait_s = np.where(now_free, 0.0, np.minimum(alpha + beta * run_s, cap))
+    per_slot = np.maximum(ps.slots, 1.0)
     return _dynamic_columns(ps.ref[rows], run_s, wait_s, free, np.minimum(backlog / per_slot, 10.0))
 
 
@@ -317,51 +403,24 @@ def _dynamic_columns(ref: np.ndarray, run_s: np.ndarray, wait_s: np.ndarray, fre
 
 
 class PairDynamics:
-    """:func:`pair_dynamic` for a request decoded one placement at a time (the placer's steps).
-
-    A step changes the backlog of one pool only, so the per-pool quantities (free slot, wait per
-    run second, backlog per slot) are kept and updated by :meth:`place`, in Python floats (the
-    same IEEE double operations as numpy's float64); a call then costs a dozen numpy operations
-    instead of thirty. ``dynamics(rows)`` equals ``pair_dynamic(ps, rows, placed)`` for the
-    tasks placed so far, bit for bit (tested).
-    """
+    """:func:`pair_dynamic` for a request decoded one placement at a time (the placer's steps):
+    ``dynamics(rows)`` equals ``pair_dynamic(ps, rows, placed)`` for the tasks placed so far."""
 
     def __init__(self, ps: PairStatic) -> None:
         self.ps = ps
-        self._slots: list[float] = ps.slots.tolist()
-        self._per_slot: list[float] = np.maximum(ps.slots, 1.0).tolist()
-        self._backlog: list[float] = ps.base_backlog.tolist()
-        p = len(self._slots)
-        #: [P] pool has a free slot / wait per second of run time / min(backlog per slot, 10)
-        self.free = np.zeros(p, dtype=bool)
-        self._wait_per_run_s = np.zeros(p, dtype=np.float64)
-        self._load = np.zeros(p, dtype=np.float64)
-        self._zero = ps.slots == 0 if ps.zero_slots else None
-        for j in range(p):
-            self._update(j)
+        self.placed = np.zeros(len(ps.slots), dtype=np.float64)
 
-    def _update(self, j: int) -> None:
-        backlog, slots, per_slot = self._backlog[j], self._slots[j], self._per_slot[j]
-        free = backlog < slots
-        self.free[j] = free
-        # pair_dynamic's np.where(free, 0, (backlog - slots + 1) / per_slot * run_s), factored:
-        # 0 * run_s is 0 for the finite, non-negative run times
-        self._wait_per_run_s[j] = 0.0 if free else (backlog - slots + 1) / per_slot
-        self._load[j] = min(backlog / per_slot, 10.0)
+    @property
+    def free(self) -> np.ndarray:
+        return wait_terms(self.ps, self.ps.base_backlog + self.placed)[1]
 
     def place(self, pool: int) -> None:
         """One more task sent to ``pool``."""
-        self._backlog[pool] += 1.0
-        self._update(pool)
+        self.placed[pool] += 1.0
 
     def __call__(self, rows: np.ndarray) -> np.ndarray:
         """``[r, P, 5]``: :func:`pair_dynamic` of ``rows``."""
-        ps = self.ps
-        run_s = ps.run_s[rows]  # [r, P]
-        wait_s = run_s * self._wait_per_run_s
-        if self._zero is not None:
-            wait_s = np.where(self._zero, wait_s + run_s, wait_s)
-        return _dynamic_columns(ps.ref[rows], run_s, wait_s, self.free, self._load)
+        return pair_dynamic(self.ps, rows, self.placed)
 
 
 def pair_rows(ps: PairStatic, rows: np.ndarray, placed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -510,7 +569,7 @@ def featurize(
     pair_x = np.zeros((len(request.ready), len(pools), F_PAIR), dtype=np.float32)
     mask = np.zeros((len(request.ready), len(pools)), dtype=bool)
     placed = np.zeros(len(pools), dtype=np.float64)
-    ps = pair_static(tasks, pools)
+    ps = pair_static(tasks, pools, request.created_at)
     for i in order if pairs else ():
         pair_x[i], mask[i] = pair_row(ps, int(i), placed)
         if assigned is not None:

@@ -339,6 +339,13 @@ class PoolState:
     up: bool = True
     failure_rate: float = 0.0
     affinity: Mapping[str, float] = field(default_factory=dict)
+    #: what a placer's ledger knows (optional; feature schema 3 uses them): the most slots the
+    #: pool can grow to (None: it cannot grow), the seconds a new worker takes to boot, and the
+    #: expected finish times (same clock as the request's ``created_at``) of its busy and queued
+    #: tasks, ascending
+    max_slots: int | None = None
+    boot_s: float = 0.0
+    free_at: tuple[float, ...] = ()
 
     @property
     def free_slots(self) -> int:
@@ -369,6 +376,9 @@ class PoolState:
             "up": self.up,
             "failure_rate": self.failure_rate,
             "affinity": dict(self.affinity),
+            "max_slots": self.max_slots,
+            "boot_s": self.boot_s,
+            "free_at": list(self.free_at),
         }
 
     @classmethod
@@ -398,7 +408,23 @@ class PoolState:
             up=up,
             failure_rate=_num(obj, "failure_rate", where, default=0.0),
             affinity={k: float(v) for k, v in affinity.items()},
+            max_slots=None if obj.get("max_slots") is None else _int(obj, "max_slots", where),
+            boot_s=_num(obj, "boot_s", where, default=0.0),
+            free_at=_free_at(obj, where),
         )
+
+
+#: at most this many expected finish times per pool on the wire
+MAX_FREE_AT = 512
+
+
+def _free_at(obj: Mapping[str, Any], where: str) -> tuple[float, ...]:
+    raw = obj.get("free_at") or []
+    if not isinstance(raw, list) or len(raw) > MAX_FREE_AT or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in raw
+    ):
+        raise SchemaError(f"{where}.free_at: expected at most {MAX_FREE_AT} finite numbers, got {raw!r:.80}")
+    return tuple(sorted(float(v) for v in raw))
 
 
 # --- request and reply ---------------------------------------------------------------------------

@@ -45,6 +45,8 @@ class PoolRuntime:
     capacity_slot_s: float = 0.0
     #: what the autoscaler last saw (running, queued, workers, booting, up, surplus_since)
     scale_key: tuple[object, ...] = ()
+    #: expected finish (start + duration / speed, no noise) of each running try, by (run, task)
+    expect: dict[tuple[int, int], float] = field(default_factory=dict)
     _last_t: float = 0.0
     _state: PoolState | None = None
     _state_key: tuple[int, int, int, bool] | None = None

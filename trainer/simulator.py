@@ -77,8 +77,10 @@ from policy.errors import PolicyError
 from policy.graph import GraphView, view
 from policy.placement import EarliestFinishPlacer, Placer
 from policy.schema import (
+    MAX_FREE_AT,
     Decision,
     PlacementRequest,
+    PoolState,
     ReadyTask,
     RunGraph,
     RunProgress,
@@ -561,6 +563,7 @@ class Simulator:
         else:
             noise = _lognormal(run.rng, self.config.duration_noise, 1)[0]
             fail_u, frac = run.rng.random(2).tolist()
+        pool.expect[(r, i)] = self._now + task.duration_s / speed
         dur = task.duration_s * noise / speed
         ok = fail_u >= pool.failure_rate
         if not ok:
@@ -586,6 +589,7 @@ class Simulator:
         pool = self._pools[run.pool[i]]
         pool.account(self._now)
         pool.running -= 1
+        pool.expect.pop((r, i), None)
         pool.invalidate()
         task_id = run.graph.tasks[i].task_id
         self._task_records.append(
@@ -626,6 +630,7 @@ class Simulator:
                 run.active.pop(i)
                 if run.state[i] == _RUNNING:
                     pool.running -= 1
+                    pool.expect.pop((run.idx, i), None)
                     self._task_records.append(
                         TaskRecord(run.graph.run_key, run.graph.tasks[i].task_id, run.tries[i],
                                    pool.name, run.started[i], self._now, False)
@@ -658,6 +663,30 @@ class Simulator:
                               pool.surplus_since)
 
     # --- requests and decisions ------------------------------------------------------------------
+
+    def _pool_state(self, pool: PoolRuntime) -> PoolState:
+        """The pool's state with what a ledger would know: growth limit, boot delay, and the
+        expected finish of every running and queued try (queued ones chained FIFO on the slots)."""
+        st = pool.state()
+        now = self._now
+        heap = sorted(pool.expect.values())
+        out = list(heap)
+        heap += [now] * max(0, st.slots - len(heap))
+        heapq.heapify(heap)
+        vm = pool.spec.vm_class
+        if heap:
+            for r, i in list(pool.queue)[:MAX_FREE_AT]:
+                run = self._runs[r]
+                assert run is not None
+                task = run.graph.tasks[i]
+                speed = vm.speed * vm.affinity.get(task.kind, 1.0) * pool.speed_factor
+                t = max(heapq.heappop(heap), now) + task.duration_s / speed
+                heapq.heappush(heap, t)
+                out.append(t)
+        out.sort()
+        top = pool.max_workers * pool.spec.slots_per_worker if pool.up else 0
+        return dataclasses.replace(st, max_slots=top if top > st.slots else None,
+                                   boot_s=pool.spec.boot_delay_s, free_at=tuple(out[:MAX_FREE_AT]))
 
     def _bound_holds(self, limit: float) -> None:
         """The executor's bound on holding: place tasks held ``limit`` seconds by its fallback."""
@@ -706,7 +735,7 @@ class Simulator:
         return PlacementRequest(
             request_id=f"sim-{self.seed}-{self._requests}",
             ready=ready,
-            pools=tuple(p.state() for p in self._pools),
+            pools=tuple(self._pool_state(p) for p in self._pools),
             runs=tuple(runs),
             progress=tuple(progress),
             created_at=now,

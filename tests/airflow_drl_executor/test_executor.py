@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import types
 import uuid
 from collections.abc import Callable
@@ -94,3 +95,24 @@ def test_a_pool_outside_the_catalogue_is_replaced(executor: DRLExecutor) -> None
     by_task = {r.task_id: r for _, r in records}
     assert by_task["a"].fallback and a.ti.queue in executor.catalogue.names
     assert not by_task["b"].fallback and b.ti.queue == "gpu"
+
+
+def test_pool_states_carry_the_ledger(executor: DRLExecutor) -> None:
+    """Feature schema 3: each task sent gets an expected finish (a slot frees, then its run
+    time on that pool); the pools report them for the tasks still running, with growth room."""
+    executor._client = FakeClient(_reply({"a": "cpu-large", "b": "gpu"}))  # type: ignore[assignment]
+    a, b = _workload("a"), _workload("b")
+    before = time.time()
+    executor._place([a, b])
+    for w in (a, b):
+        executor.running.add(w.ti.key)
+    pools = {p.name: p for p in executor.pool_states()}
+    spec = {p.name: p for p in executor.catalogue.pools}
+    for name, task in (("cpu-large", GRAPH.tasks[0]), ("gpu", GRAPH.tasks[1])):
+        (finish,) = pools[name].free_at
+        run_s = task.duration_s / pools[name].speed_for(task.kind)
+        assert before + run_s <= finish <= time.time() + run_s
+        assert pools[name].boot_s == spec[name].boot_delay_s
+    assert pools["cpu-small"].free_at == ()
+    executor.change_state(a.ti.key, "success")
+    assert {p.name: p for p in executor.pool_states()}["cpu-large"].free_at == ()

@@ -75,6 +75,9 @@ def mixed_requests(seed: int = 0) -> list[tuple[PlacementRequest, dict[str, RunG
     rng = np.random.default_rng(seed)
     pools = load_catalogue(GPU_CATALOGUE).states()
     busy = tuple(replace(p, busy=p.slots, queued=int(rng.integers(0, 6))) for p in pools)
+    # what a ledger knows (feature schema 3): expected finish times, and room to grow on the first
+    busy = tuple(replace(p, free_at=tuple(np.sort(rng.random(p.busy + p.queued) * 300.0).tolist()),
+                         max_slots=p.slots + 2 if j == 0 else None, boot_s=45.0) for j, p in enumerate(busy))
     out = [diamond_request(), diamond_request(busy_gpu=2)]
     for k, (n, ready, pool_set) in enumerate(
         [(200, 16, pools), (60, 12, busy), (1000, 64, busy), (30, 3, pools[:2]), (120, 40, busy),
