@@ -265,7 +265,10 @@ def wait_terms(ps: PairStatic, backlog: np.ndarray) -> tuple[np.ndarray, np.ndar
     else:
         pad, n = ps.free_pad, ps.free_n
     kk = np.minimum(k, pad.shape[1] - 1)
-    alpha = np.take_along_axis(np.broadcast_to(pad, (*kk.shape, pad.shape[1])), kk[..., None], -1)[..., 0]
+    if kk.ndim == 1:  # one backlog per pool (the placer's steps): plain fancy indexing is cheaper
+        alpha = pad[np.arange(len(kk)), kk]
+    else:
+        alpha = np.take_along_axis(np.broadcast_to(pad, (*kk.shape, pad.shape[1])), kk[..., None], -1)[..., 0]
     beta = np.where(k >= n, (k - n + 1) / np.maximum(s, 1.0), 0.0)
     alpha = np.where(now_free, 0.0, alpha)
     beta = np.where(now_free, 0.0, beta)
@@ -379,9 +382,14 @@ def pair_dynamic(ps: PairStatic, rows: np.ndarray, placed: np.ndarray) -> np.nda
     Schema 3: the wait is the ledger's (:func:`wait_terms`): when the slot the task would queue
     for frees, from the pools' expected finish times, or a boot when the pool can grow.
     """
+    return _pair_dynamic(ps, rows, ps.base_backlog + placed, wait_terms(ps, ps.base_backlog + placed))
+
+
+def _pair_dynamic(ps: PairStatic, rows: np.ndarray, backlog: np.ndarray,
+                  terms: tuple[np.ndarray, ...]) -> np.ndarray:
+    """:func:`pair_dynamic` given the pools' ``backlog`` and its :func:`wait_terms`."""
     run_s = ps.run_s[rows]  # [r, P]
-    backlog = ps.base_backlog + placed
-    now_free, free, alpha, beta, cap = wait_terms(ps, backlog)
+    now_free, free, alpha, beta, cap = terms
     wait_s = np.where(now_free, 0.0, np.minimum(alpha + beta * run_s, cap))
     per_slot = np.maximum(ps.slots, 1.0)
     return _dynamic_columns(ps.ref[rows], run_s, wait_s, free, np.minimum(backlog / per_slot, 10.0))
@@ -409,18 +417,25 @@ class PairDynamics:
     def __init__(self, ps: PairStatic) -> None:
         self.ps = ps
         self.placed = np.zeros(len(ps.slots), dtype=np.float64)
+        self._terms: tuple[np.ndarray, ...] | None = None  # wait_terms of the current backlog
+
+    def _wait_terms(self) -> tuple[np.ndarray, ...]:
+        if self._terms is None:  # once per step: the step's features and its stop guard share them
+            self._terms = wait_terms(self.ps, self.ps.base_backlog + self.placed)
+        return self._terms
 
     @property
     def free(self) -> np.ndarray:
-        return wait_terms(self.ps, self.ps.base_backlog + self.placed)[1]
+        return self._wait_terms()[1]
 
     def place(self, pool: int) -> None:
         """One more task sent to ``pool``."""
         self.placed[pool] += 1.0
+        self._terms = None
 
     def __call__(self, rows: np.ndarray) -> np.ndarray:
         """``[r, P, 5]``: :func:`pair_dynamic` of ``rows``."""
-        return pair_dynamic(self.ps, rows, self.placed)
+        return _pair_dynamic(self.ps, rows, self.ps.base_backlog + self.placed, self._wait_terms())
 
 
 def pair_rows(ps: PairStatic, rows: np.ndarray, placed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

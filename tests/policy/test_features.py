@@ -21,6 +21,7 @@ from policy.features import (
     kind_bucket,
     pair_dynamic,
     pair_features,
+    wait_terms,
 )
 
 
@@ -119,6 +120,8 @@ def test_pair_dynamics_equals_pair_dynamic_bit_for_bit() -> None:
         while len(rows):
             got, want = dyn(rows), pair_dynamic(fb.pairs, rows, placed)
             assert got.dtype == want.dtype and np.array_equal(got, want)
+            # the free-slot column the stop guard reads, cached per step, follows each placement
+            assert np.array_equal(dyn.free, wait_terms(fb.pairs, fb.pairs.base_backlog + placed)[1])
             pool = int(rng.integers(fb.num_pools))
             placed[pool] += 1
             dyn.place(pool)

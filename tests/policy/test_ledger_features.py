@@ -58,8 +58,9 @@ def test_vectorised_wait_terms_match_the_reference() -> None:
         backlog = base + rng.integers(0, 10, (6, p))
         got = wait_terms(ps, backlog)
         for i in range(6):
-            for a, b in zip(got, wait_terms_reference(ps, backlog[i]), strict=True):
-                assert np.array_equal(a[i], b)
+            # the batched [6, P] path and the one-backlog [P] path (the placer's steps) alike
+            for a, one, b in zip(got, wait_terms(ps, backlog[i]), wait_terms_reference(ps, backlog[i]), strict=True):
+                assert np.array_equal(a[i], b) and np.array_equal(one, b)
 
 
 def test_wire_round_trip_and_validation() -> None:
