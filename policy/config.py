@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 from policy.errors import PolicyError
-from policy.features import HOLD_RATIO
+from policy.features import HOLD_RATIO, check_hold_ratio
 from policy.transport import DEFAULT_PREFIX
 
 ENV_PREFIX = "DRL_POLICY_"
@@ -130,8 +130,10 @@ class ServerConfig:
             )
         if self.temperature < 0:
             raise ConfigError(f"temperature: must be >= 0, got {self.temperature!r}")
-        if not self.hold_ratio >= 1:
-            raise ConfigError(f"hold_ratio: must be >= 1 (inf: work-conserving), got {self.hold_ratio!r}")
+        try:
+            check_hold_ratio(self.hold_ratio)
+        except ValueError as exc:
+            raise ConfigError(f"hold_ratio: {exc}") from None
         if not 0 < self.skew_threshold <= 1:
             raise ConfigError(f"skew_threshold: must be in (0, 1], got {self.skew_threshold!r}")
         if self.metrics_port > 65535:

@@ -382,7 +382,8 @@ def pair_dynamic(ps: PairStatic, rows: np.ndarray, placed: np.ndarray) -> np.nda
     Schema 3: the wait is the ledger's (:func:`wait_terms`): when the slot the task would queue
     for frees, from the pools' expected finish times, or a boot when the pool can grow.
     """
-    return _pair_dynamic(ps, rows, ps.base_backlog + placed, wait_terms(ps, ps.base_backlog + placed))
+    backlog = ps.base_backlog + placed
+    return _pair_dynamic(ps, rows, backlog, wait_terms(ps, backlog))
 
 
 def _pair_dynamic(ps: PairStatic, rows: np.ndarray, backlog: np.ndarray,
@@ -417,11 +418,12 @@ class PairDynamics:
     def __init__(self, ps: PairStatic) -> None:
         self.ps = ps
         self.placed = np.zeros(len(ps.slots), dtype=np.float64)
+        self.backlog = ps.base_backlog.astype(np.float64)  # base_backlog + placed
         self._terms: tuple[np.ndarray, ...] | None = None  # wait_terms of the current backlog
 
     def _wait_terms(self) -> tuple[np.ndarray, ...]:
         if self._terms is None:  # once per step: the step's features and its stop guard share them
-            self._terms = wait_terms(self.ps, self.ps.base_backlog + self.placed)
+            self._terms = wait_terms(self.ps, self.backlog)
         return self._terms
 
     @property
@@ -431,11 +433,12 @@ class PairDynamics:
     def place(self, pool: int) -> None:
         """One more task sent to ``pool``."""
         self.placed[pool] += 1.0
+        self.backlog = self.ps.base_backlog + self.placed
         self._terms = None
 
     def __call__(self, rows: np.ndarray) -> np.ndarray:
         """``[r, P, 5]``: :func:`pair_dynamic` of ``rows``."""
-        return _pair_dynamic(self.ps, rows, self.ps.base_backlog + self.placed, self._wait_terms())
+        return _pair_dynamic(self.ps, rows, self.backlog, self._wait_terms())
 
 
 def pair_rows(ps: PairStatic, rows: np.ndarray, placed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

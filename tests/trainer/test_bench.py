@@ -45,16 +45,21 @@ def test_bench_measures_the_committed_policy_against_baselines_only(tmp_path, ca
     assert drl["mean_jct_over_per_setting_best"] == drl["mean_jct_s"] / best["mean_jct_s"]
 
 
+def _with_and_without(tmp_path, flag: str, value: str, args: list[str]) -> dict:
+    """The bench JSON of ``args`` without ``flag`` (key None) and with ``flag value`` (key value)."""
+    runs = {}
+    for v in (None, value):
+        out = tmp_path / f"bench-{v}.json"
+        assert main(["bench", *args, "--json", str(out), *([flag, v] if v else [])]) == 0
+        runs[v] = json.loads(out.read_text())
+    return runs
+
+
 def test_bench_bounds_holds_like_the_executor(tmp_path):
     # srpt+eft holds a task whose earliest-finish pool is busy; with --max-wait-s 0 every hold
     # ends at once in the fallback's placement, and the bound is recorded in the config.
-    runs = {}
-    for bound in (None, "0"):
-        out = tmp_path / f"bench-{bound}.json"
-        extra = ["--max-wait-s", bound] if bound else []
-        assert main(["bench", "--workflows", "mlpipeline", "--policies", "srpt+eft", "--dag-runs", "8",
-                     "--json", str(out), *extra]) == 0
-        runs[bound] = json.loads(out.read_text())
+    runs = _with_and_without(tmp_path, "--max-wait-s", "0",
+                             ["--workflows", "mlpipeline", "--policies", "srpt+eft", "--dag-runs", "8"])
     assert runs[None]["config"]["max_wait_s"] is None and runs["0"]["config"]["max_wait_s"] == 0.0
     assert runs[None]["results"][0]["wait_fallbacks"] == 0
     assert runs["0"]["results"][0]["wait_fallbacks"] > 0
@@ -63,13 +68,8 @@ def test_bench_bounds_holds_like_the_executor(tmp_path):
 def test_bench_sets_the_learned_policys_stop_guard(tmp_path, capsys):
     # --hold-ratio reaches the drl placer and is recorded; the default is the shipped guard (inf,
     # work-conserving); a ratio below 1 is refused by the parser with the reason.
-    runs = {}
-    for ratio in (None, "1"):
-        out = tmp_path / f"bench-{ratio}.json"
-        extra = ["--hold-ratio", ratio] if ratio else []
-        assert main(["bench", "--workflows", "etl", "--policies", "drl", "--dag-runs", "4",
-                     "--json", str(out), *extra]) == 0
-        runs[ratio] = json.loads(out.read_text())
+    runs = _with_and_without(tmp_path, "--hold-ratio", "1",
+                             ["--workflows", "etl", "--policies", "drl", "--dag-runs", "4"])
     assert runs[None]["config"]["hold_ratio"] == "inf" and runs["1"]["config"]["hold_ratio"] == "1.0"
     capsys.readouterr()
     with pytest.raises(SystemExit):
