@@ -53,6 +53,7 @@ from policy.features import (
     DYNAMIC_PAIR_COLUMNS,
     F_PAIR,
     HOLD_RATIO,
+    RESERVE_BUSY,
     FeatureBatch,
     check_hold_ratio,
     pair_rows,
@@ -125,13 +126,16 @@ def decode_greedy(
     *,
     allow_wait: bool = True,
     hold_ratio: float = HOLD_RATIO,
+    reserve_busy: bool = RESERVE_BUSY,
     backend: str | None = None,
 ) -> list[Decided]:
     """Greedy decoding of every request of ``fbs`` (each with >= 1 ready row and >= 1 pool).
 
     ``h_table [N, H]`` / ``s_table [U, H]`` hold the task embeddings and run summaries of every
     run involved (on the model's device); ``node_idx`` / ``run_idx`` ``[sum R_s]`` index them for
-    the ready rows of all requests, concatenated in request order. ``backend`` forces the
+    the ready rows of all requests, concatenated in request order. ``reserve_busy``: a row
+    given a pool with no free slot reserves it and is not sent (:data:`policy.features.RESERVE_BUSY`).
+    ``backend`` forces the
     steps onto ``"numpy"`` or ``"torch"`` arrays (default: numpy up to a batch size, see the
     module docstring, torch above it).
     """
@@ -233,7 +237,7 @@ def decode_greedy(
     # padded slots and finished requests compute inf and NaN that are masked, never chosen
     with np.errstate(divide="ignore", invalid="ignore"):
         found = _steps(xp, *model_arrays, *state, allow_wait=allow_wait, hold_ratio=check_hold_ratio(hold_ratio),
-                       sync_every=1 if on_cpu or use_numpy else _CHECK_EVERY)
+                       reserve_busy=reserve_busy, sync_every=1 if on_cpu or use_numpy else _CHECK_EVERY)
     actions_h, k_h, go_h, probs_h, dyn_h, contrib_h = found if use_numpy else download(found)
     out: list[Decided] = []
     for s, fb in enumerate(fbs):
@@ -304,12 +308,13 @@ def _torch_ops(device: torch.device) -> _Ops:
 def _steps(xp: _Ops, pre: Any, a: Any, g: Any, c_t: Any, c_dyn: Any, w: Any, w_b: Any, s0_w: Any,
            s0_b: Any, s2_w: Any, s2_b: Any, sx: Any, run_s: Any, ref: Any, keep: Any, fit: Any,
            pools: tuple[Any, ...], valid: Any, busy: Any, pool_valid: Any, *, allow_wait: bool,
-           hold_ratio: float, sync_every: int) -> list[Any]:
+           hold_ratio: float, reserve_busy: bool, sync_every: int) -> list[Any]:
     """The greedy steps and the evidence of each placed row (shapes in the module docstring).
 
     Returns ``[actions [S, R], k [T, S], go [T, S], probs [T*S, P], dyn [T*S, P, 5],
     contrib [T*S, P, F]]``: for step ``t`` and request ``s`` (entry ``t * S + s``), the row slot
-    ``k`` it chose and whether it placed it (``go``; False for stop or a request already done).
+    ``k`` it chose and whether it sent it (``go``; False for stop, a request already done, or a
+    row that reserved a busy pool with ``reserve_busy``: its choice still adds to the backlog).
     """
     m = xp.mod
     S, R, P = run_s.shape
@@ -343,14 +348,17 @@ def _steps(xp: _Ops, pre: Any, a: Any, g: Any, c_t: Any, c_dyn: Any, w: Any, w_b
         stop_hidden = m.clip(m.concatenate([a_mean, g], -1) @ s0_w + s0_b, 0, None)
         stop = m.where(stop_ok, xp.cast(stop_hidden @ s2_w + s2_b, xp.f64), NEG_INF)  # [S]
         choice = m.concatenate([logits.reshape(S, stop_col), stop[:, None]], 1).argmax(1)
-        go = active & (choice < stop_col)
+        take = active & (choice < stop_col)  # a row was chosen: sent, or reserving its pool
         k = m.clip(choice // P, None, R - 1)
         pool = choice % P
+        go = take
+        if reserve_busy:  # the policy.features.reserves rule: no free slot, no growth, some slots
+            go = take & ((d[arange, k, pool, 3] > 0.5) | (pools[0][arange, pool] <= 0))
         hist_k[t], hist_go[t] = k, go
         actions[arange, k] = m.where(go, pool, actions[arange, k])
-        placed[arange, pool] += xp.cast(go, xp.f64)
-        remaining[arange, k] &= ~go
-        active = go & remaining.any(1)
+        placed[arange, pool] += xp.cast(take, xp.f64)
+        remaining[arange, k] &= ~take
+        active = take & remaining.any(1)
         # Stop once every request is done; off the CPU the check waits for the device's queue,
         # so it is made every few steps (trained policies often hold most rows).
         if t % sync_every == sync_every - 1 and not bool(active.any()):

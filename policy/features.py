@@ -617,6 +617,18 @@ def featurize(
 HOLD_RATIO = math.inf
 
 
+#: Late binding for a pair chosen on a pool with no free slot (and no room to grow): the task
+#: holds that pool's next slot for the rest of the batch (later choices see the backlog) but is
+#: not sent; it stays ready and is offered again, as ``srpt+eft`` reserves its ledger's slot.
+RESERVE_BUSY = False
+
+
+def reserves(dynamics: PairDynamics, pool: int) -> bool:
+    """Whether a task chosen for ``pool`` at this step is reserved rather than sent: the pool has
+    no free slot and cannot grow, but has slots (a pool scaled to zero for good still gets it)."""
+    return not bool(dynamics.free[pool]) and dynamics.ps.slots[pool] > 0
+
+
 def check_hold_ratio(ratio: float) -> float:
     """``ratio`` if it is a valid :data:`HOLD_RATIO` (>= 1, not NaN), else ``ValueError``."""
     if not ratio >= 1.0:

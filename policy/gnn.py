@@ -23,6 +23,11 @@ How a batch is decided
     pool; ``1``: only its earliest-finish one). Holding is then only "do not queue behind busy
     pools": trained models were seen to hold hundreds of tasks on idle capacity (on 1,000-task
     DAGs, and one training seed in three on 200-task ones; docs/policy.md).
+    With ``reserve_busy`` (a checkpoint trained with ``drl-trainer train --reserve-busy 1``
+    decodes so; :data:`~policy.features.RESERVE_BUSY`), a task given a pool with no free slot
+    and no room to grow is not sent: it reserves that pool's next slot for the rest of the batch
+    (later steps see the backlog) and stays ready, as ``srpt+eft`` holds a task for its ledger's
+    reserved slot; only choices that start now (or boot a worker) are dispatched.
 
 The reason string
     :func:`attribute` is the attribution machinery shared with ``drl-trainer explain``:
@@ -51,6 +56,7 @@ from policy.features import (
     DYNAMIC_PAIR_COLUMNS,
     HOLD_RATIO,
     PAIR_FEATURES,
+    RESERVE_BUSY,
     TASK_FEATURES,
     FeatureBatch,
     PairDynamics,
@@ -59,6 +65,7 @@ from policy.features import (
     featurize,
     pair_rows,
     pool_free_within,
+    reserves,
 )
 from policy.lru import LRU
 from policy.model import NEG_INF, PlacementGNN, Step
@@ -115,6 +122,7 @@ class GNNPlacer:
         seed: int = 0,
         allow_wait: bool = True,
         hold_ratio: float = HOLD_RATIO,
+        reserve_busy: bool = RESERVE_BUSY,
         explain: bool = True,
     ) -> None:
         if temperature < 0 or not math.isfinite(temperature):
@@ -126,6 +134,7 @@ class GNNPlacer:
         self.temperature = temperature
         self.allow_wait = allow_wait
         self.hold_ratio = check_hold_ratio(hold_ratio)
+        self.reserve_busy = bool(reserve_busy)
         self.explain = explain
         self.rng = np.random.default_rng(seed)
         self._embed: LRU[tuple[str, str], tuple[Tensor, Tensor]] = LRU(_EMBED_CACHE_SIZE)
@@ -142,6 +151,7 @@ class GNNPlacer:
             log.warning("CUDA requested but not available; the GNN policy runs on the CPU")
             device = "cpu"
         ckpt: Checkpoint = load_checkpoint(path, device=device)
+        kwargs.setdefault("reserve_busy", reserve_busy_of(ckpt.manifest))
         return cls(ckpt.model, version=ckpt.version, manifest=ckpt.manifest, device=device, **kwargs)
 
     def clear_cache(self) -> None:
@@ -216,6 +226,7 @@ class GNNPlacer:
         rows = fb.order.copy()
         placed = np.zeros(num_pools, dtype=np.float64)
         order: list[int] = []
+        reserved: list[int] = []
         total_logp = 0.0
         # The static pair columns and their share of the first head layer are computed once; a
         # step only recomputes the few columns that depend on the backlog placed so far.
@@ -281,19 +292,23 @@ class GNNPlacer:
             if record:
                 steps.append(Step(placed.copy(), rows.copy(), (r, pool), stop_ok))
             actions[r] = pool
-            order.append(r)
+            if self.reserve_busy and reserves(dynamics, pool):
+                reserved.append(r)  # late binding: it holds its slot in this batch but is not sent
+            else:
+                order.append(r)
             d_kept[r], z_kept[r], logits_kept[r] = d[k], z[k], logits[k]
             placed[pool] += 1
             dynamics.place(pool)
             rows = np.concatenate((rows[:k], rows[k + 1:]))
-        if order:
-            done = np.array(order)
+        if order or reserved:
+            done = np.array(order + reserved)
             probs[done] = _softmax_rows(logits_kept[done])
             x = x_all[done]
             x[..., dyn] = d_kept[done]
             # d logit[p] / d x[p] = C^T (w * 1[z[p] > 0]): exact, and nearly free here.
             contrib[done] = ((z_kept[done] > 0) * w) @ c_tt * x
             fb.pair_x[done], fb.mask[done] = x, m_all[done]
+        actions[reserved] = -1
         return Decoded(fb, actions, steps, total_logp, probs, contrib, order)
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
@@ -327,7 +342,7 @@ class GNNPlacer:
         group = [fbs[i] for i in batched]
         h_table, s_table, node_idx, run_idx = self._embeddings_many(group)
         decided = decode_greedy(self.model, group, h_table, s_table, node_idx, run_idx,
-                                allow_wait=self.allow_wait, hold_ratio=self.hold_ratio,
+                                allow_wait=self.allow_wait, hold_ratio=self.hold_ratio, reserve_busy=self.reserve_busy,
                                 backend=self.batch_backend)
         for i, fb, d in zip(batched, group, decided, strict=True):
             fb.pair_x, fb.mask = d.pair_x, d.mask
@@ -402,6 +417,12 @@ class GNNPlacer:
                 )
             )
         return out
+
+
+def reserve_busy_of(manifest: Mapping[str, Any]) -> bool:
+    """How a checkpoint decodes busy pools: as it was trained (``training.reserve_busy`` in its
+    manifest; checkpoints from before the option send every chosen task)."""
+    return bool((manifest.get("training") or {}).get("reserve_busy", RESERVE_BUSY))
 
 
 def _softmax_rows(x: np.ndarray) -> np.ndarray:

@@ -1,13 +1,16 @@
 """How good is the best list-scheduling rule that can be written over the policy's own features?
 
-    python scripts/feature_rule_probe.py [--hold] [--workflows SPEC ...] [--seeds 0 1]
+    python scripts/feature_rule_probe.py [--hold | --reserve] [--workflows SPEC ...] [--seeds 0 1]
 
 The rule ("feature SRPT+EFT") decodes a request the way :class:`policy.gnn.GNNPlacer` does, one
 (task, pool) pair at a time with the pair features recomputed after each choice, but scores the
 pairs with a fixed formula instead of the GNN: the run with the least expected work left first
 (``log_run_work_left``), each task to its earliest-finish pool (``finish_ratio`` = 0). With
 ``--hold`` a task whose earliest-finish pool has no free slot is held (``has_free_slot``), as
-``srpt+eft`` holds it for its ledger's reserved slot; without it every task is sent. It sees only
+``srpt+eft`` holds it for its ledger's reserved slot; without it every task is sent. With
+``--reserve`` every task is decided, but one given a pool with no free slot is not sent: it
+reserves the slot (later choices see the backlog) and waits, as ``srpt+eft`` does (the GNN's
+``reserve_busy`` decoding). It sees only
 what the GNN sees, so it tells how much of the baselines' edge comes from information the
 features do not carry (``srpt+eft`` keeps a ledger of its own sends' expected finish times and
 knows the catalogue's growth limits and boot delays). Prints mean JCT per stream against
@@ -42,8 +45,9 @@ class FeatureRule:
     name = "feature-srpt+eft"
     version = "probe"
 
-    def __init__(self, hold: bool) -> None:
+    def __init__(self, hold: bool, reserve: bool = False) -> None:
         self.hold = hold
+        self.reserve = reserve
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
         if not request.ready:
@@ -68,7 +72,8 @@ class FeatureRule:
             i, j = np.unravel_index(int(np.argmax(score)), score.shape)
             r, pool = int(rows[i]), fb.pools[j]
             t = fb.ready[r]
-            out.append(Decision(t.run_key, t.task_id, pool.name, pool.vm_class, reason=self.name))
+            if not (self.reserve and d[i, j, _FREE] < 0.5):
+                out.append(Decision(t.run_key, t.task_id, pool.name, pool.vm_class, reason=self.name))
             dynamics.place(int(j))
             remaining.remove(r)
         return out
@@ -79,6 +84,7 @@ def main() -> None:
     p.add_argument("--workflows", action="append", help="a setting (repeat); default: the held-out families")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--hold", action="store_true")
+    p.add_argument("--reserve", action="store_true", help="reserve busy pools instead of sending")
     p.add_argument("--checkpoint", default="policy/checkpoints/default")
     a = p.parse_args()
     cat = load_catalogue("policy/catalogues/gpu-affinity.yaml")
@@ -92,7 +98,7 @@ def main() -> None:
             jobs = make_stream(setting, cat, 30, seed, args)
             found: list[tuple[str, float]] = []
             for name in ("srpt+eft", "rule", "drl"):
-                placer: Placer = (FeatureRule(a.hold) if name == "rule"
+                placer: Placer = (FeatureRule(a.hold, a.reserve) if name == "rule"
                                   else make_placer(name, cat, seed, checkpoint=a.checkpoint))
                 found.append((name, simulate(cat, jobs, placer, seed, args)["mean_jct_s"]))
             ref = found[0][1]

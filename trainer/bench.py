@@ -64,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the 'drl' policy's stop guard: stop (hold) is refused while a remaining task has a "
                              "free feasible pool finishing within this factor of its best (default: inf, "
                              "work-conserving; 1: only while its best pool is free, the rule through 8d49468)")
+    parser.add_argument("--reserve-busy", type=int, choices=(0, 1), default=None,
+                        help="the 'drl' policy's late binding: 1 = a task it gives a pool with no free slot "
+                             "reserves that slot and waits, 0 = it is sent (default: as the checkpoint was trained)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--json", dest="json_path", default=None, help="write the results here")
     parser.add_argument("--markdown", default=None, help="write the tables as Markdown here")
@@ -78,9 +81,10 @@ def _hold_ratio(text: str) -> float:
 
 
 def _simulate(catalogue: Catalogue, jobs: list[Job], policy: str, seed: int, config: SimConfig,
-              bounds: Bounds, keep: bool, checkpoint: str | None = None, hold_ratio: float | None = None
-              ) -> tuple[dict[str, Any], SimResult | None]:
-    placer = make_placer(policy, catalogue, seed, checkpoint, hold_ratio)
+              bounds: Bounds, keep: bool, checkpoint: str | None = None, hold_ratio: float | None = None,
+              reserve_busy: int | None = None) -> tuple[dict[str, Any], SimResult | None]:
+    placer = make_placer(policy, catalogue, seed, checkpoint, hold_ratio,
+                         None if reserve_busy is None else bool(reserve_busy))
     result = Simulator(catalogue, jobs, placer, seed=seed, config=config).run()
     row = summarize(result, bounds)
     row["policy"] = policy
@@ -117,7 +121,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             for policy in policies:
                 keep = bool(args.plots) and s == 0 and seed == seeds[0]
                 work.append(((s, seed, policy), (catalogue, jobs, policy, seed, config, bounds, keep,
-                                                 args.checkpoint, args.hold_ratio)))
+                                                 args.checkpoint, args.hold_ratio, args.reserve_busy)))
     t0 = time.perf_counter()
     done: dict[tuple[int, int, str], tuple[dict[str, Any], SimResult | None]] = {}
     if args.jobs > 1:
@@ -157,7 +161,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             "arrival": args.arrival, "dag_runs": args.dag_runs, "seeds": seeds,
             "duration_noise": args.duration_noise, "failure_rate": args.failure_rate,
             "dispatch_latency_s": args.dispatch_latency, "max_wait_s": args.max_wait_s,
-            "hold_ratio": str(HOLD_RATIO if args.hold_ratio is None else args.hold_ratio), "wall_s": wall,
+            "hold_ratio": str(HOLD_RATIO if args.hold_ratio is None else args.hold_ratio),
+            "reserve_busy": "checkpoint" if args.reserve_busy is None else args.reserve_busy, "wall_s": wall,
         },
         "results": results,
         "references": {

@@ -86,6 +86,10 @@ class Args:
     #: bound holds as the executor does (its ``max_wait_s``, 60 there): a task held this long is
     #: placed by the fallback heuristic, in imitation, PPO and evaluation alike; 0 = unbounded
     max_wait_s: float = 0.0
+    #: 1: the policy decodes with late binding on busy pools (``policy.features.RESERVE_BUSY``):
+    #: a task it gives a pool with no free slot reserves that slot and waits; imitation learns
+    #: the teacher's reservations; the checkpoint records it and decodes so when loaded
+    reserve_busy: int = 0
     #: teacher: 'auto' = per-setting best of ``candidates``; or one baseline name
     teacher: str = "auto"
     candidates: str = "srpt+eft,srpt+eftm,fifo+eft,rcp+eft,cost-aware,heft,min-min"
@@ -163,6 +167,8 @@ class Args:
                      "rl_eval_every"):
             if getattr(self, name) < (0 if name in ("iters", "rl_iters", "rl_eval_every") else 1):
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if self.reserve_busy not in (0, 1):
+            raise ValueError(f"reserve_busy must be 0 or 1, got {self.reserve_busy!r}")
         if not 0.0 < self.rl_size_start <= 1.0:
             raise ValueError(f"rl_size_start must be in (0, 1], got {self.rl_size_start!r}")
         if self.rl_temperature <= 0 or self.rl_clip_coef <= 0 or self.rl_lr <= 0:
@@ -216,17 +222,25 @@ def simulate(catalogue: Catalogue, jobs: list[Job], placer: Placer, seed: int, a
     return summarize(result, Bounds(jobs, catalogue))
 
 
-def teacher_steps(fb: FeatureBatch, decisions: Sequence[Decision]) -> list[Step] | None:
-    """A teacher's reply as decoding steps: its dispatch order, then stop for the held tasks."""
+def teacher_steps(fb: FeatureBatch, decisions: Sequence[Decision],
+                  trace: Sequence[tuple[str, str, str, bool]] = ()) -> list[Step] | None:
+    """A teacher's reply as decoding steps: its dispatch order, then stop for the held tasks.
+
+    With ``trace`` (a rule's :attr:`~trainer.baselines.rules._Rule.trace`: every task it took, in
+    order, sent or reserving a busy pool's slot), the steps are the trace's (task, pool) choices,
+    what a student decoding with ``reserve_busy`` replays: a reserved choice is a step on a pool
+    with no free slot, which that decoder does not send."""
     row_of = {(r.run_key, r.task_id): i for i, r in enumerate(fb.ready)}
     pool_of = {p.name: j for j, p in enumerate(fb.pools)}
     busy_anywhere = any(p.busy + p.queued > 0 for p in fb.pools)
     rows = fb.order.copy()
     placed = np.zeros(fb.num_pools)
     steps: list[Step] = []
-    for d in decisions:
-        r = row_of.get((d.run_key, d.task_id))
-        j = pool_of.get(d.pool)
+    choices = [(run_key, task_id, pool) for run_key, task_id, pool, _ in trace] or [
+        (d.run_key, d.task_id, d.pool) for d in decisions]
+    for run_key, task_id, pool in choices:
+        r = row_of.get((run_key, task_id))
+        j = pool_of.get(pool)
         if r is None or j is None or r not in rows:
             return None
         steps.append(Step(placed.copy(), rows.copy(), (r, j), bool(busy_anywhere or placed.sum() > 0)))
@@ -242,13 +256,15 @@ class _Recorder:
 
     def __init__(self, teacher: Placer, student: GNNPlacer, use_teacher: bool) -> None:
         self.teacher, self.student, self.use_teacher = teacher, student, use_teacher
+        #: learn the teacher's reservations too (the student decodes with ``reserve_busy``)
+        self.reservations = student.reserve_busy
         self.samples: list[tuple[FeatureBatch, list[Step]]] = []
         self.name, self.version = "recorder", "0"
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
         taught = self.teacher.place(request, graphs)
         fb = featurize(request, graphs, pairs=False)
-        steps = teacher_steps(fb, taught)
+        steps = teacher_steps(fb, taught, getattr(self.teacher, "trace", ()) if self.reservations else ())
         if steps:
             self.samples.append((fb, steps))
         if self.use_teacher:
@@ -313,7 +329,7 @@ def evaluate(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catalo
         for k in range(args.eval_streams):
             seed = args.eval_seed + k
             jobs = make_stream(s, catalogue, args.eval_runs, seed, args)
-            placer = GNNPlacer(model, version="eval")
+            placer = GNNPlacer(model, version="eval", reserve_busy=bool(args.reserve_busy))
             rows.setdefault("drl", []).append(simulate(catalogue, jobs, placer, seed, args))
             for name in baselines:
                 rows.setdefault(name, []).append(simulate(catalogue, jobs, make_placer(name, catalogue, seed),
@@ -356,7 +372,7 @@ def imitate(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catalog
             rng: np.random.Generator, record: Callable[..., None], t_start: float) -> tuple[int, float]:
     """The DAgger imitation loop (see the module docstring) on ``model``, in place; the settings'
     teachers must be chosen. Returns the number of recorded steps and the seconds since ``t_start``."""
-    student = GNNPlacer(model, version="training", seed=args.seed)
+    student = GNNPlacer(model, version="training", seed=args.seed, reserve_busy=bool(args.reserve_busy))
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     buffer: list[tuple[FeatureBatch, list[Step]]] = []
     global_step = 0

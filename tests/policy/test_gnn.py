@@ -119,19 +119,21 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 @pytest.mark.parametrize("checkpoint", [None, "default"])
-@pytest.mark.parametrize("allow_wait", [True, False])
-def test_place_many_decides_as_place(checkpoint: str | None, allow_wait: bool, backend: str, device: str) -> None:
+@pytest.mark.parametrize(("allow_wait", "reserve_busy"), [(True, False), (False, False), (True, True)])
+def test_place_many_decides_as_place(checkpoint: str | None, allow_wait: bool, reserve_busy: bool, backend: str,
+                                     device: str) -> None:
     """The batched decoder gives each request of a micro-batch exactly place()'s decisions:
     requests of 4 to 1,000 tasks with 0 to 64 ready rows, holds (stop), pinned tasks, a task
-    no pool can hold, a pool down, a request with fewer pools, two runs in one request. Its steps
+    no pool can hold, a pool down, a request with fewer pools, two runs in one request, and
+    (``reserve_busy``) tasks that reserve a busy pool instead of being sent. Its steps
     run on numpy arrays on the host (small batches) or on torch tensors on the model's device:
     both are checked here, on the CPU and, where there is one, on a GPU (the model's parts
     computed there, the numpy steps after one download)."""
     def make() -> GNNPlacer:
         if checkpoint:
             return GNNPlacer.from_checkpoint(ROOT / "policy" / "checkpoints" / checkpoint, allow_wait=allow_wait,
-                                             device=device)
-        return _placer(allow_wait=allow_wait, device=device)
+                                             reserve_busy=reserve_busy, device=device)
+        return _placer(allow_wait=allow_wait, reserve_busy=reserve_busy, device=device)
 
     items = mixed_requests()
     requests, graphs = [r for r, _ in items], [g for _, g in items]
@@ -199,6 +201,55 @@ def test_never_holds_a_task_that_a_free_pool_could_start(batched: bool, hold_rat
                 assert step.stop_ok
     if hold_ratio == 1.0 and not batched:
         assert holds  # the rule of 1 leaves the sampled stop room to hold here: the test can fail
+
+
+@pytest.mark.parametrize("allow_wait", [True, False])
+def test_a_task_given_a_busy_pool_reserves_its_slot_and_waits(allow_wait: bool) -> None:
+    """With ``reserve_busy`` a step that gives a task a pool with no free slot (and no room to
+    grow) sends nothing: the task holds that slot for the rest of the batch (later steps see the
+    backlog) and stays ready, as ``srpt+eft`` reserves its ledger's slot. Every other choice is
+    sent, in step order. Without it every chosen task is sent."""
+    from policy.features import pair_dynamic
+
+    reserved = sent_busy = 0
+    for req, graphs in mixed_requests():
+        if not req.ready:
+            continue
+        late = _placer(allow_wait=allow_wait, reserve_busy=True).decode(req, graphs)
+        fb = featurize(req, graphs, pairs=False)
+        chosen = [st.action for st in late.steps if st.action is not None]
+        expect = []
+        for st in late.steps:
+            if st.action is None:
+                continue
+            r, pool = st.action
+            free = pair_dynamic(fb.pairs, np.array([r]), st.placed)[0, pool, 3] > 0.5
+            if free or fb.pairs.slots[pool] == 0:
+                expect.append(r)
+            else:
+                reserved += 1
+                assert late.actions[r] == -1
+        assert late.placed_order == expect
+        assert [d.task_id for d in _placer(allow_wait=allow_wait, reserve_busy=True).place(req, graphs)] == [
+            fb.ready[r].task_id for r in expect]
+        early = _placer(allow_wait=allow_wait).decode(req, graphs)
+        if not allow_wait:  # the same choices (the backlog counts a reservation as a send), all sent
+            assert [st.action for st in early.steps] == chosen
+            assert sorted(early.placed_order) == sorted(r for r, _ in chosen)
+            sent_busy += len(early.placed_order) - len(expect)
+    assert reserved > 0
+    if not allow_wait:
+        assert sent_busy == reserved
+
+
+def test_checkpoints_decode_busy_pools_as_they_were_trained(tmp_path: Path) -> None:
+    """``training.reserve_busy`` in a manifest sets the placer's default; an argument wins."""
+    model = PlacementGNN(ModelConfig(hidden=8, layers=1))
+    save_checkpoint(model, tmp_path / "late", training={"reserve_busy": 1})
+    save_checkpoint(model, tmp_path / "early", training={})
+    assert GNNPlacer.from_checkpoint(tmp_path / "late").reserve_busy
+    assert not GNNPlacer.from_checkpoint(tmp_path / "late", reserve_busy=False).reserve_busy
+    assert not GNNPlacer.from_checkpoint(tmp_path / "early").reserve_busy
 
 
 def test_hold_ratio_below_one_is_refused() -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from policy.checkpoint import load_checkpoint
+from policy.checkpoint import load_checkpoint, save_checkpoint
+from policy.gnn import GNNPlacer
 from policy.registry import MANIFEST, activate
 from policy.replay import ReplayRun, write_replay
 from trainer.finetune import FinetuneArgs, finetune
@@ -49,6 +50,19 @@ def test_a_candidate_that_clears_the_gate_is_promoted(tmp_path: Path, registry: 
     loaded = load_checkpoint(active["checkpoint"])
     assert loaded.manifest["training"]["from"] == report["incumbent"]["version"]
     assert set(report["scores"]) == {"incumbent", "candidate"}
+
+
+@pytest.mark.parametrize("reserve_busy", [0, 1])
+def test_a_candidate_decodes_busy_pools_as_its_incumbent(tmp_path: Path, reserve_busy: int) -> None:
+    # a checkpoint trained with reserve_busy is fine-tuned (and promoted) with it, and vice versa
+    incumbent = tmp_path / "models" / "late"
+    save_checkpoint(load_checkpoint(ROOT / "policy" / "checkpoints" / "default").model, incumbent,
+                    training={"reserve_busy": reserve_busy})
+    reg = tmp_path / "registry"
+    activate(reg, incumbent)
+    assert finetune(_args(tmp_path, reg, min_improvement=-10.0))["promoted"]
+    promoted = GNNPlacer.from_checkpoint(json.loads((reg / MANIFEST).read_text())["checkpoint"])
+    assert promoted.reserve_busy == bool(reserve_busy)
 
 
 def test_a_candidate_that_does_not_win_is_not_promoted(tmp_path: Path, registry: Path) -> None:

@@ -7,12 +7,15 @@ import argparse
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from policy.catalogue import load_catalogue
+from policy.features import featurize, pair_dynamic
 from policy.gnn import GNNPlacer
 from policy.model import ModelConfig, PlacementGNN
 from trainer.baselines import make_placer
+from trainer.simulator import Simulator
 from trainer.train import (
     Args,
     add_arguments,
@@ -23,6 +26,7 @@ from trainer.train import (
     run,
     settings_from,
     sim_config,
+    teacher_steps,
 )
 from trainer.train import simulate as sim_summary
 
@@ -87,3 +91,48 @@ def test_max_wait_bounds_the_training_simulations_as_the_executor() -> None:
             for a in (Args(workflows="mlpipeline"), bounded_args)}
     assert rows[0.0]["wait_fallbacks"] == 0
     assert rows[1e-3]["wait_fallbacks"] > 0
+
+
+def test_reservations_are_learned_from_the_rule_s_trace() -> None:
+    """``srpt+eft`` holds a task whose earliest-finish pool is busy and reserves that pool's slot
+    for the rest of the batch; its trace says so in order, and with it the teacher's steps are
+    the trace's (task, pool) choices, each reservation on a pool with no free slot at its step
+    (what a ``reserve_busy`` decoder does not send). A student trained with ``reserve_busy``
+    records those steps; ``--reserve-busy`` takes only 0 or 1."""
+    args = Args(workflows="mlpipeline", heldout="", threads=1, reserve_busy=1)
+    catalogue = load_catalogue(args.pools)
+    setting = settings_from("mlpipeline", seed=1)[0]
+    jobs = make_stream(setting, catalogue, 8, seed=4, args=args)
+    teacher = make_placer("srpt+eft", catalogue, 4)
+    seen = {"reserved": 0, "requests": 0}
+
+    class Probe:
+        name, version = "probe", "0"
+
+        def place(self, request, graphs):  # type: ignore[no-untyped-def]
+            out = teacher.place(request, graphs)
+            trace = teacher.trace
+            assert [(d.run_key, d.task_id, d.pool) for d in out] == [t[:3] for t in trace if t[3]]
+            fb = featurize(request, graphs, pairs=False)
+            steps = teacher_steps(fb, out, trace)
+            assert steps is not None
+            pairs = [st for st in steps if st.action is not None]
+            assert len(pairs) == len(trace)
+            for st, (_, _, _, sent) in zip(pairs, trace, strict=True):
+                r, pool = st.action
+                free = pair_dynamic(fb.pairs, np.array([r]), st.placed)[0, pool, 3] > 0.5
+                assert free == sent or fb.pairs.slots[pool] == 0
+                seen["reserved"] += not sent
+            seen["requests"] += 1
+            return out
+
+    Simulator(catalogue, jobs, Probe(), seed=4, config=sim_config(args)).run()
+    assert seen["requests"] > 10 and seen["reserved"] > 0, seen
+
+    setting.teacher = "srpt+eft"
+    student = GNNPlacer(PlacementGNN(ModelConfig(hidden=8, layers=1)), reserve_busy=True)
+    samples = collect(setting, catalogue, student, True, n_runs=4, seed=3, args=args)
+    assert any(st.action is not None and pair_dynamic(fb.pairs, np.array([st.action[0]]), st.placed)[
+        0, st.action[1], 3] < 0.5 for fb, steps in samples for st in steps)
+    with pytest.raises(ValueError, match="reserve_busy must be 0 or 1"):
+        Args(reserve_busy=2)

@@ -37,18 +37,22 @@ LEARNED = "drl"
 
 
 def make_placer(name: str, catalogue: Catalogue | None = None, seed: int = 0,
-                checkpoint: str | Path | None = None, hold_ratio: float | None = None) -> Placer:
+                checkpoint: str | Path | None = None, hold_ratio: float | None = None,
+                reserve_busy: bool | None = None) -> Placer:
     """A fresh placer (placers keep per-simulation state: build one per simulation).
 
     ``drl`` is the GNN policy loaded from ``checkpoint`` (default: the committed default
     checkpoint), greedy, on the CPU, with its stop guard at ``hold_ratio`` (default:
-    :data:`policy.features.HOLD_RATIO`).
+    :data:`policy.features.HOLD_RATIO`), decoding busy pools as the checkpoint was trained
+    unless ``reserve_busy`` says otherwise.
     """
     if name == LEARNED:
         from policy.gnn import GNNPlacer
         from policy.registry import DEFAULT_CHECKPOINT
 
-        extra = {} if hold_ratio is None else {"hold_ratio": hold_ratio}
+        extra: dict[str, float | bool] = {} if hold_ratio is None else {"hold_ratio": hold_ratio}
+        if reserve_busy is not None:
+            extra["reserve_busy"] = reserve_busy
         return GNNPlacer.from_checkpoint(checkpoint or DEFAULT_CHECKPOINT, device="cpu", **extra)
     if name == "random":
         return RandomPlacer(catalogue, seed)

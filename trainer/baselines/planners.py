@@ -102,7 +102,7 @@ class _Planner(_Rule):
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
         led = self.ledger
-        led.begin(request)
+        self._begin(request)
         now = request.created_at
         if any(r.run_key not in self.plans for r in request.ready):
             self._prune(now)

@@ -64,6 +64,19 @@ class _Rule:
 
     def __init__(self, catalogue: Catalogue | None = None) -> None:
         self.ledger = Ledger(catalogue)
+        #: the last reply's tasks in the order the rule took them, each ``(run_key, task_id,
+        #: pool, sent)``: ``sent=False`` for a task that reserved a busy pool's next slot and
+        #: waits (what imitation with ``reserve_busy`` learns from; not part of the reply)
+        self.trace: list[tuple[str, str, str, bool]] = []
+
+    def _begin(self, request: PlacementRequest) -> None:
+        self.ledger.begin(request)
+        self.trace = []
+
+    def _reserve(self, ready: ReadyTask, pool: PoolState, finish: float) -> None:
+        """``ready`` waits for ``pool``'s next slot: later tasks of this batch see the slot held."""
+        self.ledger.reserve(pool, finish)
+        self.trace.append((ready.run_key, ready.task_id, pool.name, False))
 
     def _any_slot(self, request: PlacementRequest) -> bool:
         led = self.ledger
@@ -73,6 +86,7 @@ class _Rule:
         finish = max(self.ledger.free_at(pool), self.ledger.now) + run_s
         self.ledger.commit(pool, finish)
         out.append(_decision(ready, pool, finish, why))
+        self.trace.append((ready.run_key, ready.task_id, pool.name, True))
 
     def _place_eft(self, out: list[Decision], ready: ReadyTask, task: TaskNode, pools: list[PoolState],
                    margin: float | None) -> None:
@@ -101,7 +115,7 @@ class _Rule:
         if led.has_free_slot(best_pool) or led.can_grow(best_pool):
             self._send(out, ready, best_pool, run_s, f"eft {best[0] - now:.1f}s on {best_pool.name}")
         else:
-            led.reserve(best_pool, best[0])  # wait for it: later tasks of this batch see the slot held
+            self._reserve(ready, best_pool, best[0])
 
     def _place_ff(
         self, out: list[Decision], ready: ReadyTask, task: TaskNode, pools: list[PoolState]
@@ -171,7 +185,7 @@ class ListScheduler(_Rule):
         items.sort(key=lambda it: (job_key[it[0].run_key], it[0].run_key, -it[2].rank[it[3]]))
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
-        self.ledger.begin(request)
+        self._begin(request)
         self._live = request.ready
         items = _items(request, graphs)
         self.sort(items, request)
@@ -195,7 +209,7 @@ class MinMin(_Rule):
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
         led = self.ledger
-        led.begin(request)
+        self._begin(request)
         items = _items(request, graphs)
         pools = list(request.pools)
         if not items:
@@ -221,7 +235,7 @@ class MinMin(_Rule):
             if led.has_free_slot(p) or led.can_grow(p):
                 self._send(out, ready, p, run_time(task, p), f"min-min finish {f - led.now:.1f}s")
             else:
-                led.reserve(p, f)
+                self._reserve(ready, p, f)
         return out
 
 
@@ -238,7 +252,7 @@ class CostAware(ListScheduler):
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
         led = self.ledger
-        led.begin(request)
+        self._begin(request)
         self._live = request.ready
         items = _items(request, graphs)
         self.sort(items, request)
@@ -258,7 +272,7 @@ class CostAware(ListScheduler):
             if led.has_free_slot(p) or led.can_grow(p):
                 self._send(out, ready, p, run_time(task, p), f"cheapest within {self.slack:.0%} of eft")
             else:
-                led.reserve(p, f)
+                self._reserve(ready, p, f)
         return out
 
 
@@ -270,7 +284,7 @@ class Fifo(_Rule):
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
         led = self.ledger
-        led.begin(request)
+        self._begin(request)
         out: list[Decision] = []
         for ready, task, _, _ in _items(request, graphs):
             if not self._any_slot(request):
@@ -290,7 +304,7 @@ class _Committing(_Rule):
         raise NotImplementedError
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
-        self.ledger.begin(request)
+        self._begin(request)
         out: list[Decision] = []
         for ready, task, _, _ in _items(request, graphs):
             pools = feasible(task, request.pools)
