@@ -58,6 +58,7 @@ from policy.features import (
     check_hold_ratio,
     pair_rows,
     pool_free_within,
+    reserves,
 )
 from policy.model import NEG_INF, PlacementGNN
 
@@ -352,8 +353,8 @@ def _steps(xp: _Ops, pre: Any, a: Any, g: Any, c_t: Any, c_dyn: Any, w: Any, w_b
         k = m.clip(choice // P, None, R - 1)
         pool = choice % P
         go = take
-        if reserve_busy:  # the policy.features.reserves rule: no free slot, no growth, some slots
-            go = take & ((d[arange, k, pool, 3] > 0.5) | (pools[0][arange, pool] <= 0))
+        if reserve_busy:
+            go = take & ~reserves(d[arange, k, pool, 3] > 0.5, pools[0][arange, pool])
         hist_k[t], hist_go[t] = k, go
         actions[arange, k] = m.where(go, pool, actions[arange, k])
         placed[arange, pool] += xp.cast(take, xp.f64)

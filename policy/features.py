@@ -623,10 +623,12 @@ HOLD_RATIO = math.inf
 RESERVE_BUSY = False
 
 
-def reserves(dynamics: PairDynamics, pool: int) -> bool:
-    """Whether a task chosen for ``pool`` at this step is reserved rather than sent: the pool has
-    no free slot and cannot grow, but has slots (a pool scaled to zero for good still gets it)."""
-    return not bool(dynamics.free[pool]) and dynamics.ps.slots[pool] > 0
+def reserves(free: Any, slots: Any) -> Any:
+    """Whether a task chosen for a pool is reserved rather than sent, from the pool's free-slot
+    flag at that step (:func:`wait_terms`' ``free``: a free slot or room to grow) and its slots:
+    no free slot, but some slots (a pool scaled to zero for good still gets the task). numpy or
+    torch, elementwise (the one-request and batched decoders share it)."""
+    return ~free & (slots > 0)
 
 
 def check_hold_ratio(ratio: float) -> float:

@@ -224,14 +224,14 @@ class GNNPlacer:
         wt = self._weights
         busy_anywhere = any(p.busy + p.queued > 0 for p in fb.pools)
         rows = fb.order.copy()
-        placed = np.zeros(num_pools, dtype=np.float64)
         order: list[int] = []
         reserved: list[int] = []
         total_logp = 0.0
         # The static pair columns and their share of the first head layer are computed once; a
         # step only recomputes the few columns that depend on the backlog placed so far.
         dyn = np.array(DYNAMIC_PAIR_COLUMNS)
-        x_all, m_all = pair_rows(fb.pairs, np.arange(n), placed)  # [R, P, F]
+        dynamics = PairDynamics(fb.pairs)  # the backlog placed so far (dynamics.placed) and its waits
+        x_all, m_all = pair_rows(fb.pairs, np.arange(n), dynamics.placed)  # [R, P, F]
         c_t = wt["c_t"]
         c_dyn = c_t[dyn]  # [5, H]
         c_tt = c_t.T.copy()  # [H, F]
@@ -249,9 +249,8 @@ class GNNPlacer:
         d_kept = np.zeros((n, num_pools, len(dyn)), dtype=np.float32)
         z_kept = np.zeros((n, num_pools, c_t.shape[1]), dtype=np.float32)
         logits_kept = np.zeros((n, num_pools), dtype=np.float64)
-        dynamics = PairDynamics(fb.pairs)
         while len(rows):
-            d = dynamics(rows)  # [r, P, 5]: pair_dynamic(fb.pairs, rows, placed)
+            d = dynamics(rows)  # [r, P, 5]: pair_dynamic(fb.pairs, rows, dynamics.placed)
             z = np.maximum(pre[rows] + d @ c_dyn, 0.0)  # [r, P, H]
             logits = (z @ w + w_b).astype(np.float64)
             if blocked is not None:
@@ -281,7 +280,7 @@ class GNNPlacer:
                     choice = stop_col
             if choice == stop_col:  # stop: hold every remaining row
                 if record:
-                    steps.append(Step(placed.copy(), rows.copy(), None, stop_ok))
+                    steps.append(Step(dynamics.placed.copy(), rows.copy(), None, stop_ok))
                 probs[rows] = _softmax_rows(logits)
                 x = x_all[rows]
                 x[..., dyn] = d
@@ -290,14 +289,13 @@ class GNNPlacer:
             k, pool = divmod(choice, num_pools)
             r = int(rows[k])
             if record:
-                steps.append(Step(placed.copy(), rows.copy(), (r, pool), stop_ok))
+                steps.append(Step(dynamics.placed.copy(), rows.copy(), (r, pool), stop_ok))
             actions[r] = pool
-            if self.reserve_busy and reserves(dynamics, pool):
+            if self.reserve_busy and reserves(dynamics.free[pool], fb.pairs.slots[pool]):
                 reserved.append(r)  # late binding: it holds its slot in this batch but is not sent
             else:
                 order.append(r)
             d_kept[r], z_kept[r], logits_kept[r] = d[k], z[k], logits[k]
-            placed[pool] += 1
             dynamics.place(pool)
             rows = np.concatenate((rows[:k], rows[k + 1:]))
         if order or reserved:
