@@ -178,7 +178,7 @@ def decode_greedy(
         fit[s, :n, :p] = m_all[o]
         slots[s, :p] = fb.pairs.slots
         ps = fb.pairs
-        top[s, :p] = ps.max_slots if ps.max_slots is not None else ps.slots
+        top[s, :p] = ps.top
         queued[s, :p] = ps.queued if ps.queued is not None else 0.0
         boot[s, :p] = ps.boot_s if ps.boot_s is not None else 0.0
         if ps.free_pad is not None and ps.free_n is not None:
@@ -354,7 +354,7 @@ def _steps(xp: _Ops, pre: Any, a: Any, g: Any, c_t: Any, c_dyn: Any, w: Any, w_b
         pool = choice % P
         go = take
         if reserve_busy:
-            go = take & ~reserves(d[arange, k, pool, 3] > 0.5, pools[0][arange, pool])
+            go = take & ~reserves(d[arange, k, pool, 3] > 0.5, pools[1][arange, pool])
         hist_k[t], hist_go[t] = k, go
         actions[arange, k] = m.where(go, pool, actions[arange, k])
         placed[arange, pool] += xp.cast(take, xp.f64)

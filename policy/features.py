@@ -235,6 +235,11 @@ class PairStatic:
     free_pad: np.ndarray | None = None
     free_n: np.ndarray | None = None
 
+    @property
+    def top(self) -> np.ndarray:
+        """``[P]`` the most slots each pool may have (``max_slots``; its slots if not given)."""
+        return self.max_slots if self.max_slots is not None else self.slots
+
 
 def pad_free_in(free_in: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """``([P, K] padded, [P] counts)`` of per-pool ascending finish times (see PairStatic)."""
@@ -253,7 +258,7 @@ def wait_terms(ps: PairStatic, backlog: np.ndarray) -> tuple[np.ndarray, np.ndar
     s = ps.slots
     b = np.asarray(backlog, dtype=np.float64)
     now_free = b < s
-    top = ps.max_slots if ps.max_slots is not None else s
+    top = ps.top
     queued = ps.queued if ps.queued is not None else np.zeros_like(s)
     grow = ~now_free & (top > s) & (queued + (b - ps.base_backlog) < top - s)
     free = now_free | grow
@@ -623,12 +628,14 @@ HOLD_RATIO = math.inf
 RESERVE_BUSY = False
 
 
-def reserves(free: Any, slots: Any) -> Any:
+def reserves(free: Any, top: Any) -> Any:
     """Whether a task chosen for a pool is reserved rather than sent, from the pool's free-slot
-    flag at that step (:func:`wait_terms`' ``free``: a free slot or room to grow) and its slots:
-    no free slot, but some slots (a pool scaled to zero for good still gets the task). numpy or
-    torch, elementwise (the one-request and batched decoders share it)."""
-    return ~free & (slots > 0)
+    flag at that step (:func:`wait_terms`' ``free``: a free slot or room to grow) and ``top``, the
+    most slots it may have (its slots if fixed): no free slot, but the pool can hold a task at
+    some point (an elastic pool scaled to zero that has used its room to grow waits for its boot
+    like any busy pool; one that can never have a slot gets the task). numpy or torch,
+    elementwise (the one-request and batched decoders share it)."""
+    return ~free & (top > 0)
 
 
 def check_hold_ratio(ratio: float) -> float:

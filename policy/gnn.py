@@ -291,7 +291,7 @@ class GNNPlacer:
             if record:
                 steps.append(Step(dynamics.placed.copy(), rows.copy(), (r, pool), stop_ok))
             actions[r] = pool
-            if self.reserve_busy and reserves(dynamics.free[pool], fb.pairs.slots[pool]):
+            if self.reserve_busy and reserves(dynamics.free[pool], fb.pairs.top[pool]):
                 reserved.append(r)  # late binding: it holds its slot in this batch but is not sent
             else:
                 order.append(r)

@@ -27,7 +27,7 @@ from typing import Mapping
 import numpy as np
 
 from policy.catalogue import load_catalogue
-from policy.features import DYNAMIC_PAIR_COLUMNS, PAIR_FEATURES, READY_FEATURES, PairDynamics, featurize
+from policy.features import DYNAMIC_PAIR_COLUMNS, PAIR_FEATURES, READY_FEATURES, PairDynamics, featurize, reserves
 from policy.placement import Placer
 from policy.schema import Decision, PlacementRequest, RunGraph
 from trainer.baselines import make_placer
@@ -72,7 +72,7 @@ class FeatureRule:
             i, j = np.unravel_index(int(np.argmax(score)), score.shape)
             r, pool = int(rows[i]), fb.pools[j]
             t = fb.ready[r]
-            if not (self.reserve and d[i, j, _FREE] < 0.5):
+            if not (self.reserve and reserves(d[i, j, _FREE] > 0.5, fb.pairs.top[j])):
                 out.append(Decision(t.run_key, t.task_id, pool.name, pool.vm_class, reason=self.name))
             dynamics.place(int(j))
             remaining.remove(r)

@@ -21,6 +21,7 @@ from policy.features import (
     kind_bucket,
     pair_dynamic,
     pair_features,
+    reserves,
     wait_terms,
 )
 
@@ -71,6 +72,21 @@ def test_teacher_forcing_adds_backlog() -> None:
     assert forced.pair_x[1, gpu, free] == 1.0
     assert forced.pair_x[0, gpu, free] == 0.0
     assert forced.pair_x[0, gpu, PAIR_FEATURES.index("log_wait_s")] > 0
+
+
+def test_late_binding_reserves_a_booting_pool_scaled_to_zero() -> None:
+    """An elastic pool scaled to zero whose room to grow is taken (its VMs are booting) is busy
+    like any other: a task given it reserves a slot and waits for the boot. A pool that can never
+    have a slot (its most slots are zero) gets the task, so reservations never wait forever."""
+    req, graphs = diamond_request()
+    gpu = [p.name for p in req.pools].index("gpu")
+    for top, queued, reserved in ((2, 2, True), (2, 0, False), (0, 0, False)):
+        pools = list(req.pools)
+        pools[gpu] = replace(pools[gpu], slots=0, busy=0, queued=queued, max_slots=top, boot_s=90.0)
+        ps = featurize(replace(req, pools=tuple(pools)), graphs).pairs
+        _, free, *_ = wait_terms(ps, ps.base_backlog)
+        assert ps.top[gpu] == top
+        assert bool(reserves(free, ps.top)[gpu]) is reserved, (top, queued)
 
 
 def test_pair_features_affinity() -> None:

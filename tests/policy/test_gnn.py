@@ -224,7 +224,7 @@ def test_a_task_given_a_busy_pool_reserves_its_slot_and_waits(allow_wait: bool) 
                 continue
             r, pool = st.action
             free = pair_dynamic(fb.pairs, np.array([r]), st.placed)[0, pool, 3] > 0.5
-            if free or fb.pairs.slots[pool] == 0:
+            if free or fb.pairs.top[pool] == 0:
                 expect.append(r)
             else:
                 reserved += 1
