@@ -638,6 +638,19 @@ def reserves(free: Any, top: Any) -> Any:
     return ~free & (top > 0)
 
 
+def late_blocked(d: np.ndarray, fit: np.ndarray) -> np.ndarray:
+    """``[..., R, P]`` the pairs a late-binding decoder (``reserve_busy``) may not choose: a pool
+    with no free slot (dynamic column 3) whose estimated finish (column 2, the log of its factor
+    over the row's earliest) is not earlier than that of every free feasible (``fit``) pool of
+    the row. A reservation waits for a slot, so it is only worth it when it beats every pool the
+    task could start on now, the only busy pool ``srpt+eft`` reserves (its earliest finish).
+    Rows with no free feasible pool keep every pool. numpy; the batched decoder restates it in
+    its array dialect."""
+    free = d[..., 3] > 0.5
+    best = np.where(fit & free, d[..., 2], np.inf).min(axis=-1, keepdims=True)
+    return ~free & (d[..., 2] >= best)
+
+
 def check_hold_ratio(ratio: float) -> float:
     """``ratio`` if it is a valid :data:`HOLD_RATIO` (>= 1, not NaN), else ``ValueError``."""
     if not ratio >= 1.0:

@@ -63,6 +63,7 @@ from policy.features import (
     RunFeatures,
     check_hold_ratio,
     featurize,
+    late_blocked,
     pair_rows,
     pool_free_within,
     reserves,
@@ -255,6 +256,8 @@ class GNNPlacer:
             logits = (z @ w + w_b).astype(np.float64)
             if blocked is not None:
                 logits[blocked[rows]] = NEG_INF
+            if self.reserve_busy:
+                logits[late_blocked(d, m_all[rows])] = NEG_INF
             stop_ok = bool(self.allow_wait and (busy_anywhere or order)
                            and not (dynamics.free.any() and pool_free_within(d, m_all[rows], self.hold_ratio)))
             if stop_ok:
@@ -280,7 +283,7 @@ class GNNPlacer:
                     choice = stop_col
             if choice == stop_col:  # stop: hold every remaining row
                 if record:
-                    steps.append(Step(dynamics.placed.copy(), rows.copy(), None, stop_ok))
+                    steps.append(Step(dynamics.placed.copy(), rows.copy(), None, stop_ok, self.reserve_busy))
                 probs[rows] = _softmax_rows(logits)
                 x = x_all[rows]
                 x[..., dyn] = d
@@ -289,7 +292,7 @@ class GNNPlacer:
             k, pool = divmod(choice, num_pools)
             r = int(rows[k])
             if record:
-                steps.append(Step(dynamics.placed.copy(), rows.copy(), (r, pool), stop_ok))
+                steps.append(Step(dynamics.placed.copy(), rows.copy(), (r, pool), stop_ok, self.reserve_busy))
             actions[r] = pool
             if self.reserve_busy and reserves(dynamics.free[pool], fb.pairs.top[pool]):
                 reserved.append(r)  # late binding: it holds its slot in this batch but is not sent

@@ -53,7 +53,16 @@ from torch_geometric.nn import SAGEConv
 from torch_geometric.utils import scatter
 
 from policy.errors import CheckpointError
-from policy.features import F_PAIR, F_POOL, F_READY, F_TASK, FeatureBatch, pair_rows
+from policy.features import (
+    DYNAMIC_PAIR_COLUMNS,
+    F_PAIR,
+    F_POOL,
+    F_READY,
+    F_TASK,
+    FeatureBatch,
+    late_blocked,
+    pair_rows,
+)
 
 NEG_INF = -1e9
 
@@ -161,12 +170,14 @@ def collate(batches: Sequence[FeatureBatch], device: str | torch.device = "cpu")
 class Step:
     """One decoding step of a request: the tasks already sent per pool in this batch
     (``placed [P]``), the rows still unplaced (``rows``) and the choice made: ``(row, pool)``, or
-    ``None`` for "stop"."""
+    ``None`` for "stop". ``late``: decoded with ``reserve_busy``, whose choices leave out
+    :func:`~policy.features.late_blocked` pairs."""
 
     placed: np.ndarray
     rows: np.ndarray
     action: tuple[int, int] | None
     stop_ok: bool = True
+    late: bool = False
 
 
 @dataclass
@@ -193,9 +204,17 @@ class StepTensors:
 
 def step_entries(fb: FeatureBatch, step: Step) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(rows [m], pools [m], x [m, F_PAIR])``: the (remaining row, pool) choices of one step,
-    row-major; a row with no feasible pool keeps every pool (it must still go somewhere)."""
+    row-major; a row with no feasible pool keeps every pool (it must still go somewhere). A
+    ``late`` step leaves out the busy pools its decoder blocks, except its own choice (a
+    teacher's reservation is learned even where the features rank another pool first)."""
     x, mask = pair_rows(fb.pairs, step.rows, step.placed)
-    mask = mask | ~mask.any(axis=1, keepdims=True)
+    keep = mask | ~mask.any(axis=1, keepdims=True)
+    if step.late:
+        choice = np.zeros_like(keep)
+        if step.action is not None:
+            choice[step.rows == step.action[0], step.action[1]] = True
+        keep &= ~late_blocked(x[..., DYNAMIC_PAIR_COLUMNS], mask) | choice
+    mask = keep
     r_idx, p_idx = np.nonzero(mask)
     return step.rows[r_idx], p_idx, x[r_idx, p_idx]
 

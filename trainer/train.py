@@ -223,13 +223,14 @@ def simulate(catalogue: Catalogue, jobs: list[Job], placer: Placer, seed: int, a
 
 
 def teacher_steps(fb: FeatureBatch, decisions: Sequence[Decision],
-                  trace: Sequence[tuple[str, str, str, bool]] = ()) -> list[Step] | None:
+                  trace: Sequence[tuple[str, str, str, bool]] = (), late: bool = False) -> list[Step] | None:
     """A teacher's reply as decoding steps: its dispatch order, then stop for the held tasks.
 
     With ``trace`` (a rule's :attr:`~trainer.baselines.rules._Rule.trace`: every task it took, in
     order, sent or reserving a busy pool's slot), the steps are the trace's (task, pool) choices,
     what a student decoding with ``reserve_busy`` replays: a reserved choice is a step on a pool
-    with no free slot, which that decoder does not send."""
+    with no free slot, which that decoder does not send. ``late``: the steps are that decoder's
+    (:attr:`policy.model.Step.late`)."""
     row_of = {(r.run_key, r.task_id): i for i, r in enumerate(fb.ready)}
     pool_of = {p.name: j for j, p in enumerate(fb.pools)}
     busy_anywhere = any(p.busy + p.queued > 0 for p in fb.pools)
@@ -243,11 +244,11 @@ def teacher_steps(fb: FeatureBatch, decisions: Sequence[Decision],
         j = pool_of.get(pool)
         if r is None or j is None or r not in rows:
             return None
-        steps.append(Step(placed.copy(), rows.copy(), (r, j), bool(busy_anywhere or placed.sum() > 0)))
+        steps.append(Step(placed.copy(), rows.copy(), (r, j), bool(busy_anywhere or placed.sum() > 0), late))
         placed[j] += 1
         rows = rows[rows != r]
     if len(rows):
-        steps.append(Step(placed.copy(), rows.copy(), None, True))
+        steps.append(Step(placed.copy(), rows.copy(), None, True, late))
     return steps
 
 
@@ -264,7 +265,8 @@ class _Recorder:
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
         taught = self.teacher.place(request, graphs)
         fb = featurize(request, graphs, pairs=False)
-        steps = teacher_steps(fb, taught, getattr(self.teacher, "trace", ()) if self.reservations else ())
+        steps = teacher_steps(fb, taught, getattr(self.teacher, "trace", ()) if self.reservations else (),
+                              self.reservations)
         if steps:
             self.samples.append((fb, steps))
         if self.use_teacher:

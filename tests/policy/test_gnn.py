@@ -47,17 +47,29 @@ def test_never_stops_while_nothing_runs() -> None:
         assert dec.steps[0].action is not None and not dec.steps[0].stop_ok
 
 
-def test_recorded_steps_score_the_same_in_training() -> None:
+@pytest.mark.parametrize("reserve_busy", [False, True])
+def test_recorded_steps_score_the_same_in_training(reserve_busy: bool) -> None:
     """step_forward over the decoded steps gives back the decoder's log-probability, so
-    training on recorded decisions sees exactly what the placer saw."""
-    placer = _placer(temperature=1.0, seed=1)
-    req, graphs = big_request(60, 12)
-    dec = placer.decode(req, graphs)
-    logp, _, _ = placer.model.step_forward(collate_steps([(dec.batch, dec.steps)]))
-    assert float(logp.sum().detach()) == pytest.approx(dec.logp, rel=1e-4, abs=1e-4)
-    placed = [st.action[0] for st in dec.steps if st.action is not None]
-    assert placed == dec.placed_order
-    assert sorted(placed) == sorted(np.nonzero(dec.actions >= 0)[0].tolist())
+    training on recorded decisions sees exactly what the placer saw (with ``reserve_busy``, the
+    busy pools it blocks are left out of training's choices too)."""
+    from dataclasses import replace
+
+    from policy.model import step_entries
+
+    placer = _placer(temperature=1.0, seed=1, reserve_busy=reserve_busy)
+    left_out = 0
+    for req, graphs in [big_request(60, 12), *[(r, g) for r, g in mixed_requests() if r.ready]]:
+        dec = placer.decode(req, graphs)
+        logp, _, _ = placer.model.step_forward(collate_steps([(dec.batch, dec.steps)]))
+        assert float(logp.sum().detach()) == pytest.approx(dec.logp, rel=1e-4, abs=1e-4)
+        placed = [st.action[0] for st in dec.steps if st.action is not None]
+        assert [r for r in placed if dec.actions[r] >= 0] == dec.placed_order
+        assert sorted(dec.placed_order) == sorted(np.nonzero(dec.actions >= 0)[0].tolist())
+        if not reserve_busy:
+            assert placed == dec.placed_order
+        left_out += sum(len(step_entries(dec.batch, replace(st, late=False))[0]) - len(step_entries(dec.batch, st)[0])
+                        for st in dec.steps)
+    assert (left_out > 0) == reserve_busy
 
 
 def test_first_step_logits_match_one_shot_forward() -> None:
@@ -208,23 +220,32 @@ def test_a_task_given_a_busy_pool_reserves_its_slot_and_waits(allow_wait: bool) 
     """With ``reserve_busy`` a step that gives a task a pool with no free slot (and no room to
     grow) sends nothing: the task holds that slot for the rest of the batch (later steps see the
     backlog) and stays ready, as ``srpt+eft`` reserves its ledger's slot. Every other choice is
-    sent, in step order. Without it every chosen task is sent."""
-    from policy.features import pair_dynamic
+    sent, in step order. A busy pool is chosen only where it finishes before every free feasible
+    pool of the task (``late_blocked``), and training sees the same choices (``step_entries``).
+    Without it every chosen task is sent, busy pools included."""
+    from policy.features import late_blocked, pair_dynamic, pair_rows
+    from policy.model import step_entries
 
-    reserved = sent_busy = 0
+    reserved = sent_busy = blocked = 0
     for req, graphs in mixed_requests():
         if not req.ready:
             continue
         late = _placer(allow_wait=allow_wait, reserve_busy=True).decode(req, graphs)
         fb = featurize(req, graphs, pairs=False)
-        chosen = [st.action for st in late.steps if st.action is not None]
         expect = []
         for st in late.steps:
+            assert st.late
+            d = pair_dynamic(fb.pairs, st.rows, st.placed)
+            mask = late_blocked(d, pair_rows(fb.pairs, st.rows, st.placed)[1])
+            blocked += int(mask.sum())
+            rows, pools, _ = step_entries(fb, st)
+            at = {int(r): i for i, r in enumerate(st.rows)}
+            assert not mask[[at[int(r)] for r in rows], pools].any()  # training's choices are the decoder's
             if st.action is None:
                 continue
             r, pool = st.action
-            free = pair_dynamic(fb.pairs, np.array([r]), st.placed)[0, pool, 3] > 0.5
-            if free or fb.pairs.top[pool] == 0:
+            assert not mask[at[r], pool]
+            if d[at[r], pool, 3] > 0.5 or fb.pairs.top[pool] == 0:
                 expect.append(r)
             else:
                 reserved += 1
@@ -233,13 +254,15 @@ def test_a_task_given_a_busy_pool_reserves_its_slot_and_waits(allow_wait: bool) 
         assert [d.task_id for d in _placer(allow_wait=allow_wait, reserve_busy=True).place(req, graphs)] == [
             fb.ready[r].task_id for r in expect]
         early = _placer(allow_wait=allow_wait).decode(req, graphs)
-        if not allow_wait:  # the same choices (the backlog counts a reservation as a send), all sent
-            assert [st.action for st in early.steps] == chosen
-            assert sorted(early.placed_order) == sorted(r for r, _ in chosen)
-            sent_busy += len(early.placed_order) - len(expect)
-    assert reserved > 0
+        for st in early.steps:
+            assert not st.late
+            if st.action is not None:
+                r, pool = st.action
+                sent_busy += int(pair_dynamic(fb.pairs, np.array([r]), st.placed)[0, pool, 3] < 0.5)
+        assert sorted(early.placed_order) == sorted(st.action[0] for st in early.steps if st.action)
+    assert reserved > 0 and blocked > 0
     if not allow_wait:
-        assert sent_busy == reserved
+        assert sent_busy > 0
 
 
 def test_checkpoints_decode_busy_pools_as_they_were_trained(tmp_path: Path) -> None:
