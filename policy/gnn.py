@@ -27,7 +27,9 @@ How a batch is decided
     decodes so; :data:`~policy.features.RESERVE_BUSY`), a task given a pool with no free slot
     and no room to grow is not sent: it reserves that pool's next slot for the rest of the batch
     (later steps see the backlog) and stays ready, as ``srpt+eft`` holds a task for its ledger's
-    reserved slot; only choices that start now (or boot a worker) are dispatched.
+    reserved slot; only choices that start now (or boot a worker) are dispatched. Such a decoder
+    offers a busy pool to a task only where its estimated finish beats every free feasible pool
+    of the task (:func:`~policy.features.late_blocked`; training's choices leave out the same).
 
 The reason string
     :func:`attribute` is the attribution machinery shared with ``drl-trainer explain``:

@@ -214,8 +214,7 @@ def step_entries(fb: FeatureBatch, step: Step) -> tuple[np.ndarray, np.ndarray, 
         if step.action is not None:
             choice[step.rows == step.action[0], step.action[1]] = True
         keep &= ~late_blocked(x[..., DYNAMIC_PAIR_COLUMNS], mask) | choice
-    mask = keep
-    r_idx, p_idx = np.nonzero(mask)
+    r_idx, p_idx = np.nonzero(keep)
     return step.rows[r_idx], p_idx, x[r_idx, p_idx]
 
 
