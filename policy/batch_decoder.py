@@ -56,6 +56,7 @@ from policy.features import (
     RESERVE_BUSY,
     FeatureBatch,
     check_hold_ratio,
+    late_blocked,
     pair_rows,
     pool_free_within,
     reserves,
@@ -343,7 +344,7 @@ def _steps(xp: _Ops, pre: Any, a: Any, g: Any, c_t: Any, c_dyn: Any, w: Any, w_b
         logits = m.where(blocked, NEG_INF, xp.cast(z @ w + w_b, xp.f64))  # [S, R, P]
         logits = m.where(absent | ~remaining[:, :, None], -math.inf, logits)
         if reserve_busy:
-            logits = m.where(_late_blocked(xp, d, fit), NEG_INF, logits)
+            logits = m.where(late_blocked(d, fit, m.where, xp.min_last), NEG_INF, logits)
         free_near = pool_free_within(d, fit & remaining[:, :, None], hold_ratio)
         stop_ok = ((placed.sum(1) > 0) | busy) & allow_wait & ~free_near
         count = xp.cast(m.clip(remaining.sum(1)[:, None], 1, None), xp.f32)
@@ -375,7 +376,7 @@ def _steps(xp: _Ops, pre: Any, a: Any, g: Any, c_t: Any, c_dyn: Any, w: Any, w_b
     z = m.clip(pre[es, ek] + d @ c_dyn, 0, None)  # [M, P, H]
     row_logits = m.where(blocked[es, ek], NEG_INF, xp.cast(z @ w + w_b, xp.f64))
     if reserve_busy:
-        row_logits = m.where(_late_blocked(xp, d, fit[es, ek]), NEG_INF, row_logits)
+        row_logits = m.where(late_blocked(d, fit[es, ek], m.where, xp.min_last), NEG_INF, row_logits)
     row_logits = m.where(absent[es, ek], -math.inf, row_logits)
     e = m.exp(row_logits - xp.max_last(row_logits))
     probs = e / e.sum(-1)[:, None]  # [M, P]
@@ -383,13 +384,6 @@ def _steps(xp: _Ops, pre: Any, a: Any, g: Any, c_t: Any, c_dyn: Any, w: Any, w_b
     x[..., dyn] = d
     contrib = ((z > 0) * w) @ c_t.T * x  # d logit[p] / d x[p] times x: [M, P, F]
     return [actions, hist_k[:steps], hist_go[:steps], probs, d, contrib]
-
-
-def _late_blocked(xp: _Ops, d: Any, fit: Any) -> Any:
-    """:func:`policy.features.late_blocked` in the decoder's array dialect."""
-    free = d[..., 3] > 0.5
-    best = xp.min_last(xp.mod.where(fit & free, d[..., 2], math.inf))
-    return ~free & (d[..., 2] >= best)
 
 
 def _pair_dynamic(xp: _Ops, run_s: Any, ref: Any, pools: tuple[Any, ...], backlog: Any, *,

@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -638,16 +638,21 @@ def reserves(free: Any, top: Any) -> Any:
     return ~free & (top > 0)
 
 
-def late_blocked(d: np.ndarray, fit: np.ndarray) -> np.ndarray:
+def _min_last(x: np.ndarray) -> np.ndarray:
+    return x.min(axis=-1, keepdims=True)
+
+
+def late_blocked(d: Any, fit: Any, where: Callable[..., Any] = np.where,
+                 min_last: Callable[[Any], Any] = _min_last) -> Any:
     """``[..., R, P]`` the pairs a late-binding decoder (``reserve_busy``) may not choose: a pool
     with no free slot (dynamic column 3) whose estimated finish (column 2, the log of its factor
     over the row's earliest) is not earlier than that of every free feasible (``fit``) pool of
     the row. A reservation waits for a slot, so it is only worth it when it beats every pool the
     task could start on now, the only busy pool ``srpt+eft`` reserves (its earliest finish).
-    Rows with no free feasible pool keep every pool. numpy; the batched decoder restates it in
-    its array dialect."""
+    Rows with no free feasible pool keep every pool. numpy by default; the batched decoder
+    passes its array dialect's ``where`` and kept-dimension minimum over the last axis."""
     free = d[..., 3] > 0.5
-    best = np.where(fit & free, d[..., 2], np.inf).min(axis=-1, keepdims=True)
+    best = min_last(where(fit & free, d[..., 2], math.inf))
     return ~free & (d[..., 2] >= best)
 
 

@@ -210,10 +210,10 @@ def step_entries(fb: FeatureBatch, step: Step) -> tuple[np.ndarray, np.ndarray, 
     x, mask = pair_rows(fb.pairs, step.rows, step.placed)
     keep = mask | ~mask.any(axis=1, keepdims=True)
     if step.late:
-        choice = np.zeros_like(keep)
+        blocked = late_blocked(x[..., DYNAMIC_PAIR_COLUMNS], mask)
         if step.action is not None:
-            choice[step.rows == step.action[0], step.action[1]] = True
-        keep &= ~late_blocked(x[..., DYNAMIC_PAIR_COLUMNS], mask) | choice
+            blocked[step.rows == step.action[0], step.action[1]] = False
+        keep &= ~blocked
     r_idx, p_idx = np.nonzero(keep)
     return step.rows[r_idx], p_idx, x[r_idx, p_idx]
 
