@@ -33,6 +33,7 @@ from policy.features import (
     FEATURE_SCHEMA_VERSION,
     PAIR_FEATURES,
     POOL_FEATURES,
+    READY_COLUMNS,
     READY_FEATURES,
     TASK_FEATURES,
 )
@@ -48,12 +49,13 @@ MANIFEST_FILE = "manifest.json"
 MAX_WEIGHTS_BYTES = 256 * 1024 * 1024
 
 
-def feature_schema() -> dict[str, Any]:
-    """The feature schema this code produces, as recorded in manifests."""
+def feature_schema(version: int = FEATURE_SCHEMA_VERSION) -> dict[str, Any]:
+    """The feature schema ``version`` (default: the one this code produces), as recorded in
+    manifests; an older version is the current one with fewer ready columns."""
     return {
-        "version": FEATURE_SCHEMA_VERSION,
+        "version": version,
         "task": list(TASK_FEATURES),
-        "ready": list(READY_FEATURES),
+        "ready": list(READY_FEATURES[: READY_COLUMNS[version]]),
         "pool": list(POOL_FEATURES),
         "pair": list(PAIR_FEATURES),
     }
@@ -123,7 +125,7 @@ def save_checkpoint(
         "version": f"{name}-{sha[:12]}",
         "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "code_version": code_version(),
-        "feature_schema": feature_schema(),
+        "feature_schema": feature_schema(model.schema_version),
         "model": model.config.to_json(),
         "weights": {"file": WEIGHTS_FILE, "sha256": sha, "bytes": len(blob)},
         "parameters": {k: list(v.shape) for k, v in tensors.items()},
@@ -158,12 +160,13 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
         if key not in manifest:
             raise CheckpointError(f"{mpath}: missing {key!r}")
     schema = manifest["feature_schema"]
-    want = feature_schema()
-    if not isinstance(schema, dict) or schema.get("version") != want["version"]:
-        got = schema.get("version") if isinstance(schema, dict) else schema
+    got = schema.get("version") if isinstance(schema, dict) else schema
+    if not isinstance(schema, dict) or not isinstance(got, int) or got not in READY_COLUMNS:
         raise CheckpointError(
-            f"{mpath}: feature schema version {got!r} does not match this code's {want['version']}"
+            f"{mpath}: feature schema version {got!r} does not match this code's {FEATURE_SCHEMA_VERSION}"
+            f" (it reads versions {min(READY_COLUMNS)}-{max(READY_COLUMNS)})"
         )
+    want = feature_schema(got)
     for part in ("task", "ready", "pool", "pair"):
         if schema.get(part) != want[part]:
             raise CheckpointError(
@@ -200,7 +203,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
         tensors = st_load(blob)
     except (SafetensorError, ValueError) as exc:
         raise CheckpointError(f"{wpath}: not a valid safetensors file: {exc}") from exc
-    model = PlacementGNN(config)
+    model = PlacementGNN(config, manifest["feature_schema"]["version"])
     expected = {k: list(v.shape) for k, v in model.state_dict().items()}
     got = {k: list(v.shape) for k, v in tensors.items()}
     if got != expected or manifest["parameters"] != expected:

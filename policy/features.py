@@ -46,7 +46,13 @@ from policy.errors import SchemaError
 from policy.graph import GraphMemo, GraphView, view
 from policy.schema import PlacementRequest, PoolState, ReadyTask, RunGraph, RunProgress, TaskNode
 
-FEATURE_SCHEMA_VERSION = 3
+FEATURE_SCHEMA_VERSION = 4
+
+#: The schemas a checkpoint may have been trained on -> how many of :data:`READY_FEATURES` it
+#: reads. Versions since 3 only append ready columns, so a model of an older version reads the
+#: first columns of ``ready_x`` and is otherwise unchanged (:class:`policy.model.PlacementGNN`):
+#: a checkpoint keeps loading after the code gains a feature.
+READY_COLUMNS: dict[int, int] = {3: 9, 4: 10}
 
 #: Task kinds are hashed into this many one-hot buckets (crc32, stable across processes).
 KIND_BUCKETS = 8
@@ -78,6 +84,7 @@ READY_FEATURES: tuple[str, ...] = (
     "log_ready_in_run",  # ready tasks of this run in this request
     "log_ready_total",  # ready tasks in the whole request
     "retry",  # try_number > 1
+    "run_work_left_ratio",  # log((work left + 1) / (least work left of the request's runs + 1)), <= 3
 )
 
 POOL_FEATURES: tuple[str, ...] = (
@@ -561,6 +568,7 @@ def featurize(
 
     ready_per_run = np.bincount(ready_run, minlength=len(runs)) if len(request.ready) else np.zeros(0)
     run_dyn = np.zeros((len(runs), 6), dtype=np.float32)
+    left = np.zeros(len(runs), dtype=np.float64)  # expected seconds of work left per run
     for u, rf in enumerate(runs):
         g = rf.view
         n = max(len(g.graph.tasks), 1)
@@ -569,13 +577,14 @@ def featurize(
         work = max(rf.total_work_s, 1e-9)
         done_work = sum(g.graph.tasks[k].duration_s for k in done)
         cp = max(rf.critical_path_s, 1e-9)
+        left[u] = max(work - done_work, 0.0)
         run_dyn[u] = (
             len(done) / n,
             sum(1 for t in prog.running if t in g.index) / n,
             1.0 - done_work / work,
             math.log1p(prog.age_s) / _LOG,
             min(prog.age_s / cp, 10.0),
-            math.log1p(max(work - done_work, 0.0)) / _LOG,
+            math.log1p(left[u]) / _LOG,
         )
     # decode_order's keys, from the arrays at hand: longest remaining critical path, then priority
     up = np.array(ranks, dtype=np.float64)  # [R] upward rank of each ready task
@@ -587,6 +596,9 @@ def featurize(
         ready_x[:, 6] = np.log1p(ready_per_run[ready_run])
         ready_x[:, 7] = math.log1p(len(request.ready))
         ready_x[:, 8] = [r.try_number > 1 for r in request.ready]
+        # SRPT's key relative to the request's other runs: 0 for the run with the least work left,
+        # on any time scale (the absolute log_run_work_left of 15 s jobs is far from training's)
+        ready_x[:, 9] = np.minimum(np.log((left + 1.0) / (left.min() + 1.0)), 3.0)[ready_run]
 
     pools = request.pools
     pair_x = np.zeros((len(request.ready), len(pools), F_PAIR), dtype=np.float32)

@@ -57,8 +57,9 @@ from policy.features import (
     DYNAMIC_PAIR_COLUMNS,
     F_PAIR,
     F_POOL,
-    F_READY,
     F_TASK,
+    FEATURE_SCHEMA_VERSION,
+    READY_COLUMNS,
     FeatureBatch,
     late_blocked,
     pair_rows,
@@ -268,14 +269,18 @@ def collate_steps(samples: Sequence[tuple[FeatureBatch, Sequence[Step]]],
 class PlacementGNN(nn.Module):
     """Scores (ready task, pool) pairs; see the module docstring for the maths and shapes."""
 
-    def __init__(self, config: ModelConfig | None = None) -> None:
+    def __init__(self, config: ModelConfig | None = None, schema_version: int = FEATURE_SCHEMA_VERSION) -> None:
         super().__init__()
         self.config = config or ModelConfig()
+        if schema_version not in READY_COLUMNS:
+            raise CheckpointError(f"feature schema version {schema_version!r}: this code reads {sorted(READY_COLUMNS)}")
+        #: the feature schema the model was built for; it reads that schema's ready columns
+        self.schema_version = schema_version
         h = self.config.hidden
         self.task_in = nn.Linear(F_TASK, h)
         self.convs = nn.ModuleList([SAGEConv(h, h, aggr="max") for _ in range(self.config.layers)])
         self.pool_in = nn.Sequential(nn.Linear(F_POOL, h), nn.ReLU(), nn.Linear(h, h))
-        self.ready_in = nn.Linear(F_READY, h)
+        self.ready_in = nn.Linear(READY_COLUMNS[schema_version], h)
         self.head_task = nn.Linear(3 * h, h)
         self.head_pool = nn.Linear(2 * h, h, bias=False)
         self.head_pair = nn.Linear(F_PAIR, h, bias=False)
@@ -302,6 +307,7 @@ class PlacementGNN(nn.Module):
 
     def task_part(self, h_ready: Tensor, s_ready: Tensor, ready_x: Tensor) -> Tensor:
         """``[R, H]``: the task side of the first head layer."""
+        ready_x = ready_x[..., : self.ready_in.in_features]  # an older schema's leading columns
         return self.head_task(torch.cat([h_ready, s_ready, torch.relu(self.ready_in(ready_x))], dim=-1))
 
     def pool_part(self, q: Tensor, g: Tensor) -> Tensor:

@@ -18,6 +18,7 @@ from policy.checkpoint import (
     save_checkpoint,
 )
 from policy.errors import CheckpointError
+from policy.features import READY_COLUMNS
 from policy.model import ModelConfig, PlacementGNN
 
 DEFAULT = ROOT / "policy" / "checkpoints" / "default"
@@ -55,13 +56,37 @@ def test_mismatched_feature_schema_is_refused(ckpt: Path) -> None:
     manifest = json.loads((ckpt / MANIFEST_FILE).read_text())
     manifest["feature_schema"]["version"] = 999
     (ckpt / MANIFEST_FILE).write_text(json.dumps(manifest))
-    with pytest.raises(CheckpointError, match="feature schema version 999"):
+    with pytest.raises(CheckpointError, match="feature schema version 999 .* reads versions 3-4"):
         load_checkpoint(ckpt)
     manifest["feature_schema"] = feature_schema()
     manifest["feature_schema"]["pair"] = manifest["feature_schema"]["pair"][:-1]
     (ckpt / MANIFEST_FILE).write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="pair features"):
         load_checkpoint(ckpt)
+
+
+def test_a_checkpoint_of_an_older_feature_schema_keeps_loading(tmp_path: Path) -> None:
+    """Schema 4 appended one ready column: a schema-3 model reads the first nine, ignores the new
+    one, and is saved again (e.g. fine-tuned) as schema 3; a schema-3 manifest that lists the new
+    column is refused."""
+    torch.manual_seed(2)
+    save_checkpoint(PlacementGNN(ModelConfig(hidden=8, layers=1), schema_version=3), tmp_path / "v3")
+    manifest = read_manifest(tmp_path / "v3")
+    assert manifest["feature_schema"]["version"] == 3
+    assert manifest["feature_schema"]["ready"] == feature_schema()["ready"][:READY_COLUMNS[3]]
+    loaded = load_checkpoint(tmp_path / "v3")
+    assert loaded.model.schema_version == 3
+    h, s = torch.randn(4, 8), torch.randn(4, 8)
+    x = torch.rand(4, READY_COLUMNS[4])
+    y = x.clone()
+    y[:, READY_COLUMNS[3]:] += 5.0
+    assert torch.equal(loaded.model.task_part(h, s, x), loaded.model.task_part(h, s, y))
+    save_checkpoint(loaded.model, tmp_path / "again")
+    assert read_manifest(tmp_path / "again")["feature_schema"]["version"] == 3
+    manifest["feature_schema"]["ready"] = feature_schema()["ready"]
+    (tmp_path / "v3" / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="ready features"):
+        load_checkpoint(tmp_path / "v3")
 
 
 def test_mismatched_model_config_is_refused(ckpt: Path) -> None:
@@ -102,7 +127,7 @@ def test_missing_and_garbage_manifests(tmp_path: Path) -> None:
 
 def test_default_checkpoint_loads_and_matches_its_manifest() -> None:
     manifest = read_manifest(DEFAULT)
-    assert manifest["feature_schema"] == feature_schema()
+    assert manifest["feature_schema"] == feature_schema(manifest["feature_schema"]["version"])
     assert (DEFAULT / WEIGHTS_FILE).stat().st_size < 5 * 1024 * 1024
     loaded = load_checkpoint(DEFAULT)
     assert {k: list(v.shape) for k, v in loaded.model.state_dict().items()} == manifest["parameters"]

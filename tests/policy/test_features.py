@@ -159,3 +159,31 @@ def test_featurize_order_is_decode_order() -> None:
         want_aff = [[p.affinity.get(t.kind, 1.0) for p in req.pools] for t in fb.tasks]
         assert ps.mask.tolist() == want_mask
         assert ps.affinity.tolist() == want_aff
+
+
+def test_run_work_left_ratio_ranks_the_runs_of_a_request_on_any_time_scale() -> None:
+    """SRPT's key relative to the request's other runs: 0 for the run with the least work left,
+    log of the ratio for the others; the same whether the jobs take seconds or hours."""
+    from gnn_helpers import random_dag
+
+    from policy.features import READY_FEATURES
+    from policy.schema import PlacementRequest, ReadyTask, RunProgress
+
+    col = READY_FEATURES.index("run_work_left_ratio")
+
+    def ratios(scale: float) -> np.ndarray:
+        runs = []
+        for k, n in enumerate((40, 120)):
+            g = random_dag(n, k, run_key=f"dag/r{k}")
+            runs.append(replace(g, tasks=tuple(replace(t, duration_s=t.duration_s * scale) for t in g.tasks)))
+        req = PlacementRequest(
+            "req-two", ready=(ReadyTask(runs[1].run_key, "t0"), ReadyTask(runs[0].run_key, "t0")),
+            pools=diamond_request()[0].pools, runs=tuple(runs),
+            progress=tuple(RunProgress(g.run_key) for g in runs),
+        )
+        return featurize(req, {g.run_key: g for g in runs}, pairs=False).ready_x[:, col]
+
+    small, large = ratios(0.01), ratios(100.0)
+    assert small[1] == 0.0 and large[1] == 0.0  # the 40-task run has less work left
+    assert 0.5 < large[0] <= 3.0
+    assert small[0] > 0.0 and large[0] == pytest.approx(small[0], abs=0.05)
