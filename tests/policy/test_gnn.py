@@ -285,16 +285,17 @@ def test_hold_ratio_below_one_is_refused() -> None:
 def test_reasons_name_only_features_that_differ_between_the_pools() -> None:
     """A reason compares the chosen pool with the runner-up on quantities that differ: never
     "only feasible pool" when the runner-up is feasible too, never "free slot yes vs yes"."""
-    placer = GNNPlacer.from_checkpoint(ROOT / "policy" / "checkpoints" / "default")
     seen = 0
-    for req, graphs in mixed_requests():
-        for d in placer.place(req, graphs):
-            seen += 1
-            assert "free slot yes vs yes" not in d.reason and "free slot no vs no" not in d.reason
-            if "only feasible pool" in d.reason:
-                runner = d.reason.split(" over ")[1].split(" ")[0]
-                fb = featurize(req, graphs, pairs=False)
-                row = [(r.run_key, r.task_id) for r in req.ready].index((d.run_key, d.task_id))
-                names = [p.name for p in req.pools]
-                assert not fb.pairs.mask[row, names.index(runner)]
-    assert seen > 20
+    for reserve in (False, True):  # a reserving decoding sends fewer tasks: check both
+        placer = GNNPlacer.from_checkpoint(ROOT / "policy" / "checkpoints" / "default", reserve_busy=reserve)
+        for req, graphs in mixed_requests():
+            for d in placer.place(req, graphs):
+                seen += 1
+                assert "free slot yes vs yes" not in d.reason and "free slot no vs no" not in d.reason
+                if "only feasible pool" in d.reason:
+                    runner = d.reason.split(" over ")[1].split(" ")[0]
+                    fb = featurize(req, graphs, pairs=False)
+                    row = [(r.run_key, r.task_id) for r in req.ready].index((d.run_key, d.task_id))
+                    names = [p.name for p in req.pools]
+                    assert not fb.pairs.mask[row, names.index(runner)]
+    assert seen > 40

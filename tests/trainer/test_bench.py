@@ -78,9 +78,9 @@ def test_bench_sets_the_learned_policys_stop_guard(tmp_path, capsys):
 
 
 def test_bench_sets_the_learned_policys_late_binding(tmp_path):
-    # --reserve-busy 1 makes the default checkpoint (trained sending every chosen task) reserve
-    # busy pools instead: other decisions, recorded in the config; by default it decodes as trained.
-    runs = _with_and_without(tmp_path, "--reserve-busy", "1",
+    # --reserve-busy 0 makes the default checkpoint (trained reserving busy pools) send every
+    # chosen task instead: other decisions, recorded in the config; by default it decodes as trained.
+    runs = _with_and_without(tmp_path, "--reserve-busy", "0",
                              ["--workflows", "mlpipeline", "--policies", "drl", "--dag-runs", "8"])
-    assert runs[None]["config"]["reserve_busy"] == "checkpoint" and runs["1"]["config"]["reserve_busy"] == 1
-    assert runs[None]["results"][0]["mean_jct_s"] != runs["1"]["results"][0]["mean_jct_s"]
+    assert runs[None]["config"]["reserve_busy"] == "checkpoint" and runs["0"]["config"]["reserve_busy"] == 0
+    assert runs[None]["results"][0]["mean_jct_s"] != runs["0"]["results"][0]["mean_jct_s"]
