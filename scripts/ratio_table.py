@@ -1,6 +1,7 @@
 """The learned policy's mean JCT over the per-setting best baseline, from bench JSON run apart.
 
     python scripts/ratio_table.py BASE NAME=PREFIX [NAME=PREFIX ...] --seeds 0 20 40 60
+        [--metric mean_jct_s | p95_jct_s | cost]
 
 The ledger's benches run the (deterministic) baselines once per seed, ``drl-trainer bench
 --policies <baselines> --seed S --json BASE-S.json``, then each checkpoint with ``--policies drl
@@ -8,7 +9,8 @@ The ledger's benches run the (deterministic) baselines once per seed, ``drl-trai
 mean over settings and seed pairs of drl's mean JCT / the best baseline's on the same setting
 and seeds (per seed pair, overall, and per setting), as in docs/policy.md's tables. Settings are
 matched by name (a WfFormat file list by its first file's family), so files measured from
-another folder still match.
+another folder still match. ``--metric`` takes another column of the JSON (the best baseline is
+then the one lowest on that metric, per setting).
 """
 
 from __future__ import annotations
@@ -28,13 +30,13 @@ def family(setting: str) -> str:
     return first.split("-")[0] if first.endswith(".json") else setting
 
 
-def _rows(path: str, learned: bool) -> dict[str, float]:
-    """Mean JCT per setting family: drl's (``learned``) or the best baseline's."""
+def _rows(path: str, learned: bool, metric: str = "mean_jct_s") -> dict[str, float]:
+    """``metric`` per setting family: drl's (``learned``) or the best baseline's."""
     out: dict[str, float] = {}
     for r in json.loads(Path(path).read_text())["results"]:
         if (r["policy"] == "drl") == learned:
             key = family(r["setting"])
-            out[key] = min(out.get(key, math.inf), r["mean_jct_s"])
+            out[key] = min(out.get(key, math.inf), r[metric])
     return out
 
 
@@ -47,14 +49,17 @@ def main() -> None:
     ap.add_argument("base", help="prefix of the baselines' JSON (BASE-S.json)")
     ap.add_argument("models", nargs="+", help="NAME=PREFIX of each checkpoint's JSON (PREFIX-S.json)")
     ap.add_argument("--seeds", nargs="+", required=True, help="the first seed of each bench run")
+    ap.add_argument("--metric", default="mean_jct_s", choices=["mean_jct_s", "p95_jct_s", "cost"],
+                    help="the column compared (default: mean JCT)")
     args = ap.parse_args()
     for spec in args.models:
         name, _, prefix = spec.partition("=")
         per_seed: list[float] = []
         per_family: dict[str, list[float]] = {}
         for seed in args.seeds:
-            best = _rows(f"{args.base}-{seed}.json", learned=False)
-            ratios = {k: v / best[k] for k, v in _rows(f"{prefix or name}-{seed}.json", learned=True).items()}
+            best = _rows(f"{args.base}-{seed}.json", False, args.metric)
+            mine = _rows(f"{prefix or name}-{seed}.json", True, args.metric)
+            ratios = {k: v / best[k] for k, v in mine.items()}
             per_seed.append(_geomean(list(ratios.values())))
             for k, v in ratios.items():
                 per_family.setdefault(k, []).append(v)

@@ -13,8 +13,10 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ratio_table.py"
 
 
 def _bench(path: Path, rows: list[tuple[str, str, float]]) -> None:
+    # p95 JCT is 3x the mean for every policy but srpt+eft (2x): it is the best on p95
     path.write_text(json.dumps({"results": [
-        {"policy": p, "setting": s, "mean_jct_s": v} for p, s, v in rows]}))
+        {"policy": p, "setting": s, "mean_jct_s": v, "p95_jct_s": v * (2 if p == "srpt+eft" else 3)}
+        for p, s, v in rows]}))
 
 
 def test_ratio_table_matches_settings_across_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -31,3 +33,7 @@ def test_ratio_table_matches_settings_across_folders(tmp_path: Path, monkeypatch
     out = capsys.readouterr().out
     # 88/80 = 1.1 (the best baseline, heft, not srpt+eft) and 55/50 = 1.1 on both seed pairs
     assert out.strip() == "m: 1.100 / 1.100  mean 1.100  (epigenomics 1.100 / bwa 1.100)"
+    monkeypatch.setattr(sys, "argv", sys.argv + ["--metric", "p95_jct_s"])
+    runpy.run_path(str(SCRIPT), run_name="__main__")
+    # p95: 264 / 200 = 1.32 (srpt+eft is now the best baseline on Epigenomics), 165 / 100 = 1.65
+    assert capsys.readouterr().out.strip() == "m: 1.476 / 1.476  mean 1.476  (epigenomics 1.320 / bwa 1.650)"
