@@ -48,12 +48,6 @@ from policy.schema import PlacementRequest, PoolState, ReadyTask, RunGraph, RunP
 
 FEATURE_SCHEMA_VERSION = 4
 
-#: The schemas a checkpoint may have been trained on -> how many of :data:`READY_FEATURES` it
-#: reads. Versions since 3 only append ready columns, so a model of an older version reads the
-#: first columns of ``ready_x`` and is otherwise unchanged (:class:`policy.model.PlacementGNN`):
-#: a checkpoint keeps loading after the code gains a feature.
-READY_COLUMNS: dict[int, int] = {3: 9, 4: 10}
-
 #: Task kinds are hashed into this many one-hot buckets (crc32, stable across processes).
 KIND_BUCKETS = 8
 
@@ -120,6 +114,12 @@ PAIR_FEATURES: tuple[str, ...] = (
 
 F_TASK = len(TASK_FEATURES)
 F_READY = len(READY_FEATURES)
+
+#: The schemas a checkpoint may have been trained on -> how many of :data:`READY_FEATURES` it
+#: reads. Versions since 3 only append ready columns, so a model of an older version reads the
+#: first columns of ``ready_x`` and is otherwise unchanged (:class:`policy.model.PlacementGNN`):
+#: a checkpoint keeps loading after the code gains a feature.
+READY_COLUMNS: dict[int, int] = {3: 9, FEATURE_SCHEMA_VERSION: F_READY}
 F_POOL = len(POOL_FEATURES)
 F_PAIR = len(PAIR_FEATURES)
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from gnn_helpers import big_request, diamond_request, mixed_requests
+from gnn_helpers import big_request, diamond_request, mixed_requests, random_dag
 
 from policy.errors import SchemaError
 from policy.features import (
@@ -15,6 +15,7 @@ from policy.features import (
     F_READY,
     F_TASK,
     PAIR_FEATURES,
+    READY_FEATURES,
     TASK_FEATURES,
     PairDynamics,
     featurize,
@@ -24,6 +25,7 @@ from policy.features import (
     reserves,
     wait_terms,
 )
+from policy.schema import PlacementRequest, ReadyTask, RunProgress
 
 
 def test_shapes_on_the_diamond() -> None:
@@ -164,11 +166,6 @@ def test_featurize_order_is_decode_order() -> None:
 def test_run_work_left_ratio_ranks_the_runs_of_a_request_on_any_time_scale() -> None:
     """SRPT's key relative to the request's other runs: 0 for the run with the least work left,
     log of the ratio for the others; the same whether the jobs take seconds or hours."""
-    from gnn_helpers import random_dag
-
-    from policy.features import READY_FEATURES
-    from policy.schema import PlacementRequest, ReadyTask, RunProgress
-
     col = READY_FEATURES.index("run_work_left_ratio")
 
     def ratios(scale: float) -> np.ndarray:
