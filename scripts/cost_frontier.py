@@ -1,0 +1,131 @@
+"""Where does the money go, and how much of it can a placement rule save? (issue 4's cost goal)
+
+    python scripts/cost_frontier.py [--lams 300,500] [--seeds 0 1] [--load 0.85] [--jobs 2]
+
+Simulates the held-out settings of the benchmark (Epigenomics traces, BWA and SoyKB recipes of
+~200 tasks; GPU-affinity cluster, duration noise 0.3, 30 DAG runs per stream, the streams
+``drl-trainer bench`` draws for ``--seed S``) under the cost-blind list rules, ``cost-aware``
+and a *boot-aware* EFT rule, and prints each policy's mean JCT and cost (total and per pool)
+with both as ratios to the cost-blind per-setting best (the lowest mean JCT of ``srpt+eft``,
+``rcp+eft``, ``fifo+eft``).
+
+The boot-aware rule (``boot-<lam>``) is ``srpt+eft`` with a pool's estimated finish charged
+``lam`` seconds per dollar of VM time the choice commits: a free slot of a live worker costs the
+task's share of that worker (run time x price / slots per worker); a choice that makes an elastic
+pool grow costs a whole new worker from boot to scale-down (boot delay + run time +
+``idle_scale_down_s``, the autoscaler's 300 s idle tail that dominates the bill of a short
+task on a booted VM). ``lam`` = 0 is ``srpt+eft``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+from concurrent.futures import ProcessPoolExecutor
+
+from policy.catalogue import Catalogue, load_catalogue
+from policy.schema import PoolState, ReadyTask, TaskNode
+from trainer.baselines import make_placer
+from trainer.baselines.rules import INF, ListScheduler, run_time
+from trainer.bench import setting_jobs
+from trainer.simulator import SimConfig, Simulator
+
+W = "../shared/workflows/wfinstances"
+NAMES = ("Epigenomics", "BWA", "SoyKB")
+COST_BLIND = ("srpt+eft", "rcp+eft", "fifo+eft")
+
+
+def settings() -> list[str]:
+    epi = ",".join(sorted(glob.glob(f"{W}/*epigenomics*.json")))
+    if not epi:
+        raise SystemExit(f"no Epigenomics traces under {W} (run from the repository root)")
+    return [epi, "wfcommons:bwa:200:3", "wfcommons:soykb:200:3"]
+
+
+class BootAware(ListScheduler):
+    """``srpt+eft`` whose pool choice adds ``lam`` x the dollars of VM time it commits."""
+
+    def __init__(self, catalogue: Catalogue, lam: float) -> None:
+        super().__init__("srpt", "eft", catalogue)
+        self.lam = lam
+        self.spec = {p.name: p for p in catalogue.pools}
+        self.name = f"boot-{lam:g}"
+
+    def committed_dollars(self, pool: PoolState, run_s: float, free_at: float) -> float:
+        led, spec = self.ledger, self.spec[pool.name]
+        per_s = pool.price_per_hour / 3600.0
+        boots = (not led.has_free_slot(pool) and led.can_grow(pool)
+                 and free_at >= led.now + spec.boot_delay_s - 1e-9)
+        if boots:  # the free slot is a worker that this task makes the autoscaler boot
+            return per_s * (spec.boot_delay_s + run_s + spec.idle_scale_down_s)
+        return per_s * run_s / spec.slots_per_worker
+
+    def _place_eft(self, out: list, ready: ReadyTask, task: TaskNode, pools: list[PoolState],
+                   margin: float | None) -> None:
+        led = self.ledger
+        best: tuple[tuple[float, float, str], PoolState, float] | None = None
+        for p in pools:
+            run_s = run_time(task, p)
+            free_at = led.free_at(p)
+            if free_at == INF:
+                continue
+            finish = free_at + run_s
+            key = (finish - led.now + self.lam * self.committed_dollars(p, run_s, free_at),
+                   p.price_per_hour, p.name)
+            if best is None or key < best[0]:
+                best = (key, p, finish)
+        if best is None:
+            return
+        _, p, finish = best
+        if led.has_free_slot(p) or led.can_grow(p):
+            self._send(out, ready, p, run_time(task, p), f"boot-aware eft {finish - led.now:.1f}s on {p.name}")
+        else:
+            self._reserve(ready, p, finish)
+
+
+def simulate(args: tuple[str, int, str, int, str, float]) -> tuple[int, int, str, float, float, dict[str, float]]:
+    spec, pos, pools, seed, name, load = args
+    catalogue = load_catalogue(pools)
+    jobs = setting_jobs(spec, pos, seed, catalogue, 30, load)
+    placer = BootAware(catalogue, float(name[5:])) if name.startswith("boot-") else make_placer(name, catalogue, seed)
+    sim = Simulator(catalogue, jobs, placer, seed=seed, config=SimConfig(duration_noise=0.3))
+    res = sim.run()
+    jct = sum(j.jct_s for j in res.jobs) / len(res.jobs)
+    return pos, seed, name, jct, res.cost, {p.name: p.cost for p in sim._pools}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lams", default="300,500", help="comma list of boot-aware weights (s per $)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--load", type=float, default=0.85)
+    ap.add_argument("--pools", default="policy/catalogues/gpu-affinity.yaml")
+    ap.add_argument("--jobs", type=int, default=1)
+    args = ap.parse_args()
+    names = [*COST_BLIND, "cost-aware", *(f"boot-{float(x):g}" for x in args.lams.split(",") if x)]
+    specs = settings()
+    work = [(spec, pos, args.pools, s, n, args.load) for pos, spec in enumerate(specs)
+            for s in args.seeds for n in names]
+    with ProcessPoolExecutor(args.jobs) as ex:
+        results = list(ex.map(simulate, work))
+    k = len(args.seeds)
+    agg: dict[tuple[int, str], list] = {}
+    for pos, _, name, jct, cost, per in results:
+        a = agg.setdefault((pos, name), [0.0, 0.0, {}])
+        a[0] += jct / k
+        a[1] += cost / k
+        for pool, c in per.items():
+            a[2][pool] = a[2].get(pool, 0.0) + c / k
+    print(f"seeds {args.seeds}, load {args.load}; ratios to the cost-blind per-setting best (lowest mean JCT)")
+    for pos, label in enumerate(NAMES):
+        ref = min(COST_BLIND, key=lambda n: agg[(pos, n)][0])
+        j0, c0 = agg[(pos, ref)][:2]
+        print(f"{label} (best: {ref}, {j0:.1f} s, ${c0:.2f})")
+        for name in names:
+            jct, cost, per = agg[(pos, name)]
+            pools = "  ".join(f"{p} ${c:.2f}" for p, c in per.items())
+            print(f"  {name:12s} JCT {jct:8.1f} s ({jct / j0:.3f})  cost ${cost:7.2f} ({cost / c0:.3f})  {pools}")
+
+
+if __name__ == "__main__":
+    main()

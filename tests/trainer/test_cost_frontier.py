@@ -1,0 +1,36 @@
+"""``scripts/cost_frontier.py``'s boot-aware rule: srpt+eft at lam = 0, cheaper when lam is large."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+from policy.catalogue import load_catalogue
+from trainer.baselines import make_placer
+from trainer.bench import setting_jobs
+from trainer.simulator import SimConfig, Simulator
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = runpy.run_path(str(ROOT / "scripts" / "cost_frontier.py"))
+CATALOGUE = load_catalogue(ROOT / "policy" / "catalogues" / "gpu-affinity.yaml")
+
+
+def _run(placer, seed: int = 3):  # type: ignore[no-untyped-def]
+    jobs = setting_jobs("mlpipeline", 0, seed, CATALOGUE, 10, 0.85)
+    sim = Simulator(CATALOGUE, jobs, placer, seed=seed, config=SimConfig(duration_noise=0.3))
+    return sim.run()
+
+
+def test_boot_aware_at_zero_weight_is_srpt_eft() -> None:
+    ours, theirs = _run(SCRIPT["BootAware"](CATALOGUE, 0.0)), _run(make_placer("srpt+eft", CATALOGUE, 3))
+    assert [(t.task_id, t.pool) for t in ours.tasks] == [(t.task_id, t.pool) for t in theirs.tasks]
+    assert ours.cost == theirs.cost
+
+
+def test_a_large_weight_buys_cost_with_time() -> None:
+    blind, frugal = _run(SCRIPT["BootAware"](CATALOGUE, 0.0)), _run(SCRIPT["BootAware"](CATALOGUE, 1e5))
+    jct = [sum(j.jct_s for j in r.jobs) / len(r.jobs) for r in (blind, frugal)]
+    assert frugal.cost < 0.9 * blind.cost
+    assert jct[1] > jct[0]
+    expensive = {"cpu-large", "gpu"}
+    assert (sum(t.pool in expensive for t in frugal.tasks) < sum(t.pool in expensive for t in blind.tasks))
