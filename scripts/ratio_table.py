@@ -10,7 +10,9 @@ mean over settings and seed pairs of drl's mean JCT / the best baseline's on the
 and seeds (per seed pair, overall, and per setting), as in docs/policy.md's tables. Settings are
 matched by name (a WfFormat file list by its first file's family), so files measured from
 another folder still match. ``--metric`` takes another column of the JSON (the best baseline is
-then the one lowest on that metric, per setting).
+then the one lowest on that metric, per setting). ``--reference best-fixed`` divides by one
+baseline everywhere instead: the one with the lowest geometric mean of the metric over every
+setting and seed pair (issue 4's "best fixed baseline"), named in the output.
 """
 
 from __future__ import annotations
@@ -30,14 +32,31 @@ def family(setting: str) -> str:
     return first.split("-")[0] if first.endswith(".json") else setting
 
 
+def _table(path: str, metric: str) -> dict[str, dict[str, float]]:
+    """``metric`` per policy and setting family of one bench JSON."""
+    out: dict[str, dict[str, float]] = {}
+    for r in json.loads(Path(path).read_text())["results"]:
+        out.setdefault(r["policy"], {})[family(r["setting"])] = r[metric]
+    return out
+
+
 def _rows(path: str, learned: bool, metric: str = "mean_jct_s") -> dict[str, float]:
     """``metric`` per setting family: drl's (``learned``) or the best baseline's."""
     out: dict[str, float] = {}
-    for r in json.loads(Path(path).read_text())["results"]:
-        if (r["policy"] == "drl") == learned:
-            key = family(r["setting"])
-            out[key] = min(out.get(key, math.inf), r[metric])
+    for policy, row in _table(path, metric).items():
+        if (policy == "drl") == learned:
+            for key, v in row.items():
+                out[key] = min(out.get(key, math.inf), v)
     return out
+
+
+def best_fixed(tables: list[dict[str, dict[str, float]]]) -> str:
+    """The baseline with the lowest geometric mean over every (setting, seed) cell it ran in all."""
+    cells = [(t, k) for t in tables for k in {k for p, row in t.items() if p != "drl" for k in row}]
+    ok = [p for p in tables[0] if p != "drl" and all(k in t.get(p, {}) for t, k in cells)]
+    if not ok:
+        raise SystemExit("no baseline ran on every setting and seed")
+    return min(ok, key=lambda p: _geomean([t[p][k] for t, k in cells]))
 
 
 def _geomean(values: list[float]) -> float:
@@ -51,13 +70,22 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", required=True, help="the first seed of each bench run")
     ap.add_argument("--metric", default="mean_jct_s", choices=["mean_jct_s", "p95_jct_s", "cost"],
                     help="the column compared (default: mean JCT)")
+    ap.add_argument("--reference", default="per-setting-best", choices=["per-setting-best", "best-fixed"],
+                    help="divide by the best baseline of each setting (default) or by the best fixed one")
     args = ap.parse_args()
+    fixed = None
+    if args.reference == "best-fixed":
+        fixed = best_fixed([_table(f"{args.base}-{seed}.json", args.metric) for seed in args.seeds])
+        print(f"best fixed baseline: {fixed}")
     for spec in args.models:
         name, _, prefix = spec.partition("=")
         per_seed: list[float] = []
         per_family: dict[str, list[float]] = {}
         for seed in args.seeds:
-            best = _rows(f"{args.base}-{seed}.json", False, args.metric)
+            if fixed is None:
+                best = _rows(f"{args.base}-{seed}.json", False, args.metric)
+            else:
+                best = _table(f"{args.base}-{seed}.json", args.metric)[fixed]
             mine = _rows(f"{prefix or name}-{seed}.json", True, args.metric)
             ratios = {k: v / best[k] for k, v in mine.items()}
             per_seed.append(_geomean(list(ratios.values())))

@@ -37,3 +37,18 @@ def test_ratio_table_matches_settings_across_folders(tmp_path: Path, monkeypatch
     runpy.run_path(str(SCRIPT), run_name="__main__")
     # p95: 264 / 200 = 1.32 (srpt+eft is now the best baseline on Epigenomics), 165 / 100 = 1.65
     assert capsys.readouterr().out.strip() == "m: 1.476 / 1.476  mean 1.476  (epigenomics 1.320 / bwa 1.650)"
+
+
+def test_ratio_table_over_the_best_fixed_baseline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # heft wins Epigenomics, srpt+eft BWA; over both settings srpt+eft has the lower geometric mean
+    for seed in (0, 20):
+        _bench(tmp_path / f"base-{seed}.json", [("srpt+eft", "a/epigenomics-x-001.json", 100), ("heft", "a/epigenomics-x-001.json", 80),
+                                                ("srpt+eft", "wfcommons:bwa:200:3", 50), ("heft", "wfcommons:bwa:200:3", 90)])
+        _bench(tmp_path / f"m-{seed}.json", [("drl", "b/epigenomics-x-001.json", 90), ("drl", "wfcommons:bwa:200:3", 45)])
+    monkeypatch.setattr(sys, "argv", ["ratio_table.py", str(tmp_path / "base"), f"m={tmp_path / 'm'}",
+                                      "--seeds", "0", "20", "--reference", "best-fixed"])
+    runpy.run_path(str(SCRIPT), run_name="__main__")
+    # 90/100 and 45/50 against srpt+eft (per-setting best would give 90/80 = 1.125 on Epigenomics)
+    assert capsys.readouterr().out.strip().splitlines() == [
+        "best fixed baseline: srpt+eft", "m: 0.900 / 0.900  mean 0.900  (epigenomics 0.900 / bwa 0.900)"]
