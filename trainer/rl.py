@@ -357,7 +357,7 @@ def reinforce(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catal
         frac = it / max(args.rl_iters - 1, 1)
         setting, n_runs = curriculum(settings[it % len(settings)], frac, args)
         stream_seed = args.seed * 100_003 + 7919 * it
-        jobs = make_stream(setting, catalogue, n_runs, stream_seed, args)
+        jobs = make_stream(setting, catalogue, n_runs, stream_seed, args, randomise=True)
         deadline = Bounds(jobs, catalogue).deadline
         # the reference heuristic on the same stream, same durations: what rewards are divided by
         ref_sim = Simulator(catalogue, jobs, make_placer(setting.teacher, catalogue, stream_seed), seed=stream_seed,

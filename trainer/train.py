@@ -90,6 +90,11 @@ class Args:
     #: a task it gives a pool with no free slot reserves that slot and waits; imitation learns
     #: the teacher's reservations; the checkpoint records it and decodes so when loaded
     reserve_busy: int = 0
+    #: domain randomisation of time scale: each imitation and PPO stream has its task durations
+    #: multiplied by one factor drawn log-uniformly from [1 / time_scale, time_scale], so the
+    #: policy meets short and long jobs against the same boot delays; teacher choice and
+    #: evaluation streams keep the real durations; 1 = off
+    time_scale: float = 1.0
     #: teacher: 'auto' = per-setting best of ``candidates``; or one baseline name
     teacher: str = "auto"
     candidates: str = "srpt+eft,srpt+eftm,fifo+eft,rcp+eft,cost-aware,heft,min-min"
@@ -206,9 +211,23 @@ def objective_value(row: dict[str, Any], args: Args, ref: dict[str, Any] | None 
     return value
 
 
-def make_stream(setting: Setting, catalogue: Catalogue, n_runs: int, seed: int, args: Args) -> list[Job]:
+def make_stream(setting: Setting, catalogue: Catalogue, n_runs: int, seed: int, args: Args,
+                randomise: bool = False) -> list[Job]:
+    """The stream of ``setting`` for ``seed``; with ``randomise`` and ``args.time_scale`` > 1,
+    its durations scaled by a factor drawn from the seed (see :attr:`Args.time_scale`)."""
     rng = np.random.default_rng([seed, 7])
-    return make_jobs(setting.templates, catalogue, n_runs, rng, ArrivalSpec(load=args.load))
+    templates = setting.templates
+    if randomise and args.time_scale > 1:
+        span = math.log(args.time_scale)
+        factor = math.exp(np.random.default_rng([seed, 8]).uniform(-span, span))
+        templates = [time_scaled(g, factor) for g in templates]
+    return make_jobs(templates, catalogue, n_runs, rng, ArrivalSpec(load=args.load))
+
+
+def time_scaled(graph: RunGraph, factor: float) -> RunGraph:
+    """``graph`` with every task's duration multiplied by ``factor`` (a new digest and run key)."""
+    tasks = tuple(dataclasses.replace(t, duration_s=t.duration_s * factor) for t in graph.tasks)
+    return dataclasses.replace(graph, tasks=tasks, digest="", run_key=f"{graph.run_key}@x{factor:.4g}")
 
 
 def sim_config(args: Args) -> SimConfig:
@@ -277,7 +296,7 @@ class _Recorder:
 def collect(setting: Setting, catalogue: Catalogue, student: GNNPlacer, use_teacher: bool, n_runs: int,
             seed: int, args: Args) -> list[tuple[FeatureBatch, list[Step]]]:
     """Simulate one stream of ``setting`` and return the teacher's steps at every decision point."""
-    jobs = make_stream(setting, catalogue, n_runs, seed, args)
+    jobs = make_stream(setting, catalogue, n_runs, seed, args, randomise=True)
     rec = _Recorder(make_placer(setting.teacher, catalogue, seed), student, use_teacher)
     student.clear_cache()
     config = sim_config(args)

@@ -136,3 +136,30 @@ def test_reservations_are_learned_from_the_rule_s_trace() -> None:
         0, st.action[1], 3] < 0.5 for fb, steps in samples for st in steps)
     with pytest.raises(ValueError, match="reserve_busy must be 0 or 1"):
         Args(reserve_busy=2)
+
+
+def test_time_scale_randomises_training_streams_only() -> None:
+    catalogue = load_catalogue(Args().pools)
+    setting = settings_from("etl", seed=1)[0]
+    plain, wide = Args(), Args(time_scale=10.0)
+
+    def work(jobs: list) -> np.ndarray:  # type: ignore[type-arg]
+        return np.array([sum(t.duration_s for t in j.graph.tasks) for j in jobs])
+
+    base = work(make_stream(setting, catalogue, 6, 3, plain))
+    assert np.array_equal(work(make_stream(setting, catalogue, 6, 3, wide)), base)  # not randomised
+    assert np.array_equal(work(make_stream(setting, catalogue, 6, 3, plain, randomise=True)), base)  # off
+    factors = []
+    for seed in range(8):
+        plain_jobs = make_stream(setting, catalogue, 6, seed, plain)
+        scaled = make_stream(setting, catalogue, 6, seed, wide, randomise=True)
+        ratio = work(scaled) / work(plain_jobs)
+        assert np.allclose(ratio, ratio[0])  # one factor per stream, the same runs drawn
+        assert 0.1 - 1e-9 <= ratio[0] <= 10 + 1e-9
+        # arrivals follow the load: a stream of shorter jobs arrives faster
+        assert np.isclose(scaled[-1].arrival_s / plain_jobs[-1].arrival_s, ratio[0])
+        assert scaled[0].graph.digest != plain_jobs[0].graph.digest
+        again = make_stream(setting, catalogue, 6, seed, wide, randomise=True)
+        assert np.array_equal(work(again), work(scaled))  # same seed, same factor
+        factors.append(ratio[0])
+    assert min(factors) < 0.7 and max(factors) > 1.4
