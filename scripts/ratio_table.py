@@ -33,18 +33,20 @@ def family(setting: str) -> str:
 
 
 def _table(path: str, metric: str) -> dict[str, dict[str, float]]:
-    """``metric`` per policy and setting family of one bench JSON."""
+    """``metric`` per policy and setting family of one bench JSON (the lowest where a family
+    appears twice)."""
     out: dict[str, dict[str, float]] = {}
     for r in json.loads(Path(path).read_text())["results"]:
-        out.setdefault(r["policy"], {})[family(r["setting"])] = r[metric]
+        row, key = out.setdefault(r["policy"], {}), family(r["setting"])
+        row[key] = min(row.get(key, math.inf), r[metric])
     return out
 
 
-def _rows(path: str, learned: bool, metric: str = "mean_jct_s") -> dict[str, float]:
-    """``metric`` per setting family: drl's (``learned``) or the best baseline's."""
+def _best(table: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The best baseline's value per setting family."""
     out: dict[str, float] = {}
-    for policy, row in _table(path, metric).items():
-        if (policy == "drl") == learned:
+    for policy, row in table.items():
+        if policy != "drl":
             for key, v in row.items():
                 out[key] = min(out.get(key, math.inf), v)
     return out
@@ -73,20 +75,18 @@ def main() -> None:
     ap.add_argument("--reference", default="per-setting-best", choices=["per-setting-best", "best-fixed"],
                     help="divide by the best baseline of each setting (default) or by the best fixed one")
     args = ap.parse_args()
+    bases = {seed: _table(f"{args.base}-{seed}.json", args.metric) for seed in args.seeds}  # read once
     fixed = None
     if args.reference == "best-fixed":
-        fixed = best_fixed([_table(f"{args.base}-{seed}.json", args.metric) for seed in args.seeds])
+        fixed = best_fixed(list(bases.values()))
         print(f"best fixed baseline: {fixed}")
     for spec in args.models:
         name, _, prefix = spec.partition("=")
         per_seed: list[float] = []
         per_family: dict[str, list[float]] = {}
         for seed in args.seeds:
-            if fixed is None:
-                best = _rows(f"{args.base}-{seed}.json", False, args.metric)
-            else:
-                best = _table(f"{args.base}-{seed}.json", args.metric)[fixed]
-            mine = _rows(f"{prefix or name}-{seed}.json", True, args.metric)
+            best = _best(bases[seed]) if fixed is None else bases[seed][fixed]
+            mine = _table(f"{prefix or name}-{seed}.json", args.metric)["drl"]
             ratios = {k: v / best[k] for k, v in mine.items()}
             per_seed.append(_geomean(list(ratios.values())))
             for k, v in ratios.items():

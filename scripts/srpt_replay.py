@@ -28,7 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from feature_rule_probe import _WORK_LEFT, FeatureRule  # noqa: E402
 
 from policy.catalogue import load_catalogue  # noqa: E402
-from policy.features import featurize  # noqa: E402
 from policy.gnn import GNNPlacer  # noqa: E402
 from policy.schema import Decision, PlacementRequest, RunGraph  # noqa: E402
 from trainer.train import Args, make_stream, settings_from, simulate  # noqa: E402
@@ -55,7 +54,7 @@ class Replay:
                 c["both sent"] += 1
                 c["same pool"] += theirs[(d.run_key, d.task_id)] == d.pool
         if out and len({t.run_key for t in request.ready}) > 1:
-            fb = featurize(request, graphs, pairs=False)
+            fb = dec.batch  # the features the model decided on, not computed again
             left = {t.run_key: float(fb.ready_x[i, _WORK_LEFT]) for i, t in enumerate(fb.ready)}
             srpt = min(left, key=lambda k: left[k])
             c["multi-run requests"] += 1
