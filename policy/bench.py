@@ -8,7 +8,8 @@ Drives the server exactly as the executor does: each client ``XADD``s a request 
 
 Cases: DAG runs of ``--dag-sizes`` tasks x ``--ready`` ready tasks per request x ``--clients``
 concurrent clients. Prints a table and writes JSON (``cases[]`` with ``dag_tasks``,
-``ready_tasks``, ``clients``, ``p50_ms``, ``p99_ms``, ``decisions_per_s``, ``device``).
+``ready_tasks``, ``clients``, ``p50_ms``, ``p99_ms``, ``decisions_per_s``, ``device``, and the
+server's own share, ``server_p50_ms`` and ``server_p99_ms``).
 
 ``--soak S`` instead runs one case for ``S`` seconds at ``--rate`` requests/s and reports the
 server's RSS at the start and the end.
@@ -208,6 +209,11 @@ class CaseResult:
     decisions_per_s: float
     errors: int
     device: str
+    #: the server's own share of each round trip (``PlacementReply.server_ms``: from reading the
+    #: batch to its decisions), so a round trip splits into the server and the rest (Redis, the
+    #: client's JSON, the operating system's scheduling)
+    server_p50_ms: float = float("nan")
+    server_p99_ms: float = float("nan")
 
 
 @dataclass(frozen=True)
@@ -224,9 +230,10 @@ class _Load:
     deadline_ms: float
 
 
-def _client(load: _Load, c: int, g: RunGraph, start: Any) -> tuple[list[float], int]:
-    """One client's loop: ``(round-trip seconds of the good replies, errors)``."""
+def _client(load: _Load, c: int, g: RunGraph, start: Any) -> tuple[list[float], list[float], int]:
+    """One client's loop: ``(round-trip seconds of the good replies, their server_ms, errors)``."""
     lat: list[float] = []
+    server: list[float] = []
     errors = 0
     r = redis.Redis.from_url(load.url)
     cl = Client(r, load.keys)
@@ -252,6 +259,7 @@ def _client(load: _Load, c: int, g: RunGraph, start: Any) -> tuple[list[float], 
                 errors += 1
             else:
                 lat.append(time.perf_counter() - t0)
+                server.append(reply.server_ms)
         except TimeoutError:
             errors += 1
             cl.sent.clear()  # the server may not have the graph: resend it next time
@@ -261,13 +269,13 @@ def _client(load: _Load, c: int, g: RunGraph, start: Any) -> tuple[list[float], 
             if delay > 0:
                 time.sleep(delay)
     r.close()
-    return lat, errors
+    return lat, server, errors
 
 
 def _clients(load: _Load, ids: list[int], graphs: list[RunGraph], start: Any,
-             results: Any = None) -> list[tuple[list[float], int]]:
+             results: Any = None) -> list[tuple[list[float], list[float], int]]:
     """Clients ``ids`` as threads of this process; their results, also put on ``results``."""
-    out: list[tuple[list[float], int]] = [([], 0)] * len(ids)
+    out: list[tuple[list[float], list[float], int]] = [([], [], 0)] * len(ids)
 
     def run(j: int) -> None:
         out[j] = _client(load, ids[j], graphs[j], start)
@@ -296,7 +304,7 @@ def run_case(url: str, keys: Keys, catalogue: Catalogue, dag_tasks: int, ready_t
     groups = [list(range(clients))[i::procs] for i in range(procs)]
     if procs == 1:
         start: Any = threading.Barrier(clients + 1)
-        res: list[list[tuple[list[float], int]]] = []
+        res: list[list[tuple[list[float], list[float], int]]] = []
         main = threading.Thread(target=lambda: res.append(_clients(load, groups[0], graphs, start)),
                                 daemon=True)
         main.start()
@@ -318,15 +326,19 @@ def run_case(url: str, keys: Keys, catalogue: Catalogue, dag_tasks: int, ready_t
             ch.join()
     wall = time.perf_counter() - t0
     results = [r for group in res for r in group]
-    all_ms = np.array([x for xs, _ in results for x in xs]) * 1e3
+    all_ms = np.array([x for xs, _, _ in results for x in xs]) * 1e3
+    server_ms = np.array([x for _, xs, _ in results for x in xs])
     n = len(all_ms)
+
+    def pct(a: np.ndarray, q: float) -> float:
+        return round(float(np.percentile(a, q)), 3) if len(a) else float("nan")
+
     return CaseResult(
         dag_tasks=dag_tasks, ready_tasks=ready_tasks, clients=clients, requests=n,
-        p50_ms=round(float(np.percentile(all_ms, 50)), 3) if n else float("nan"),
-        p99_ms=round(float(np.percentile(all_ms, 99)), 3) if n else float("nan"),
+        p50_ms=pct(all_ms, 50), p99_ms=pct(all_ms, 99),
         mean_ms=round(float(all_ms.mean()), 3) if n else float("nan"),
-        decisions_per_s=round(n * ready_tasks / wall, 1), errors=sum(e for _, e in results),
-        device=device,
+        decisions_per_s=round(n * ready_tasks / wall, 1), errors=sum(e for _, _, e in results),
+        device=device, server_p50_ms=pct(server_ms, 50), server_p99_ms=pct(server_ms, 99),
     )
 
 
@@ -428,7 +440,7 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(doc["soak"], indent=2))
         else:
             print(f"{'dag':>5} {'ready':>5} {'cli':>3} {'reqs':>7} {'p50 ms':>8} {'p99 ms':>8}"
-                  f" {'decisions/s':>12} {'err':>4}  device")
+                  f" {'srv p50':>8} {'srv p99':>8} {'decisions/s':>12} {'err':>4}  device")
             for dag in _ints(args.dag_sizes):
                 for ready in _ints(args.ready):
                     for clients in _ints(args.clients):
@@ -436,7 +448,8 @@ def run(args: argparse.Namespace) -> int:
                                        args.seed, device, procs=args.client_procs)
                         doc["cases"].append(asdict(res))
                         print(f"{dag:>5} {ready:>5} {clients:>3} {res.requests:>7} {res.p50_ms:>8.3f}"
-                              f" {res.p99_ms:>8.3f} {res.decisions_per_s:>12.0f} {res.errors:>4}  {device}",
+                              f" {res.p99_ms:>8.3f} {res.server_p50_ms:>8.3f} {res.server_p99_ms:>8.3f}"
+                              f" {res.decisions_per_s:>12.0f} {res.errors:>4}  {device}",
                               flush=True)
         r.close()
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")

@@ -1,0 +1,34 @@
+"""``drl-policy bench`` end to end: a private redis-server and server, one short case, its JSON."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+
+
+def test_bench_measures_a_private_stack_and_splits_the_round_trip(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "policy.cli", "--log-level", "WARNING", "bench", "--placer", "eft",
+         "--device", "cpu", "--dag-sizes", "50", "--ready", "4", "--clients", "1,2", "--duration", "0.5",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert [(c["dag_tasks"], c["ready_tasks"], c["clients"]) for c in doc["cases"]] == [(50, 4, 1), (50, 4, 2)]
+    for case in doc["cases"]:
+        assert case["errors"] == 0 and case["requests"] > 10 and case["device"] == "cpu"
+        assert 0 < case["p50_ms"] <= case["p99_ms"]
+        assert case["decisions_per_s"] > 0
+        # the server's share is part of each round trip, so it is smaller at every percentile
+        assert 0 < case["server_p50_ms"] < case["p50_ms"]
+        assert case["server_p50_ms"] <= case["server_p99_ms"] < case["p99_ms"]
+    assert "srv p99" in proc.stdout
