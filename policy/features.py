@@ -402,36 +402,75 @@ def _pair_dynamic(ps: PairStatic, rows: np.ndarray, backlog: np.ndarray,
                   terms: tuple[np.ndarray, ...]) -> np.ndarray:
     """:func:`pair_dynamic` given the pools' ``backlog`` and its :func:`wait_terms`."""
     run_s = ps.run_s[rows]  # [r, P]
-    now_free, free, alpha, beta, cap = terms
-    wait_s = np.where(now_free, 0.0, np.minimum(alpha + beta * run_s, cap))
-    per_slot = np.maximum(ps.slots, 1.0)
-    return _dynamic_columns(ps.ref[rows], run_s, wait_s, free, np.minimum(backlog / per_slot, 10.0))
+    wait_s = _wait_s(run_s, terms)
+    d = _dynamic_columns(run_s, wait_s, terms[1], _load(ps, backlog))
+    d[..., 2] = _finish_ratio(ps.ref[rows], wait_s + run_s)
+    return d
 
 
-def _dynamic_columns(ref: np.ndarray, run_s: np.ndarray, wait_s: np.ndarray, free: np.ndarray,
-                     load: np.ndarray) -> np.ndarray:
-    """``[r, P, 5]`` from the rows' ``ref``, run and wait times ``[r, P]`` and the pools' free
-    slot and backlog per slot ``[P]`` (the tail of :func:`pair_dynamic`)."""
+def _wait_s(run_s: np.ndarray, terms: tuple[np.ndarray, ...]) -> np.ndarray:
+    """A task's wait on each pool from its run times and the pools' :func:`wait_terms`
+    (broadcast: ``[r, P]`` with terms ``[P]``, or ``[B, r, P]`` with terms ``[B, 1, P]``)."""
+    now_free, _, alpha, beta, cap = terms
+    return np.where(now_free, 0.0, np.minimum(alpha + beta * run_s, cap))
+
+
+def _load(ps: PairStatic, backlog: np.ndarray) -> np.ndarray:
+    """The backlog column: tasks per slot, at most 10."""
+    return np.minimum(backlog / np.maximum(ps.slots, 1.0), 10.0)
+
+
+def _finish_ratio(ref: np.ndarray, finish: np.ndarray) -> np.ndarray:
+    """Column 2: the log of each finish over the row's earliest on a reference pool, at most 3."""
+    best_finish = np.maximum(np.where(ref, finish, np.inf).min(axis=-1, keepdims=True), 1e-6)
+    return np.minimum(np.log(np.maximum(finish, 1e-6) / best_finish), 3.0)
+
+
+def _dynamic_columns(run_s: np.ndarray, wait_s: np.ndarray, free: np.ndarray, load: np.ndarray) -> np.ndarray:
+    """``[..., P, 5]`` from run and wait times ``[..., P]`` and the pools' free slot and backlog
+    per slot (broadcast against them), all but column 2 (the finish ratio, set by the caller)."""
     finish = wait_s + run_s
-    best_finish = np.maximum(np.where(ref, finish, np.inf).min(axis=1, keepdims=True), 1e-6)
-    d = np.empty((*run_s.shape, len(DYNAMIC_PAIR_COLUMNS)), dtype=np.float32)
+    d = np.empty((*wait_s.shape, len(DYNAMIC_PAIR_COLUMNS)), dtype=np.float32)
     d[..., 0] = np.log1p(wait_s) / _LOG
     d[..., 1] = np.log1p(finish) / _LOG
-    d[..., 2] = np.minimum(np.log(np.maximum(finish, 1e-6) / best_finish), 3.0)
     d[..., 3] = free
     d[..., 4] = load
     return d
 
 
+#: :class:`PairDynamics` tabulates every backlog a decode can reach when the table has at most
+#: this many (backlog, row, pool) cells (4 MiB of float32 columns); larger requests go step by step
+TABLE_CELLS = 1 << 18
+
+
 class PairDynamics:
     """:func:`pair_dynamic` for a request decoded one placement at a time (the placer's steps):
-    ``dynamics(rows)`` equals ``pair_dynamic(ps, rows, placed)`` for the tasks placed so far."""
+    ``dynamics(rows)`` equals ``pair_dynamic(ps, rows, placed)`` for the tasks placed so far.
 
-    def __init__(self, ps: PairStatic) -> None:
+    Given ``steps``, the most placements that will follow, the columns of every row for every
+    backlog a pool can reach (``base + 0 .. steps``) are computed once, in a few array calls,
+    and a step only gathers them and takes each row's finish ratio (the one column that depends
+    on the other pools): what the ~50 small array calls of :func:`pair_dynamic` per step cost is
+    what a one-request decode spends most of its time on. The values are the same, bit for bit
+    (the same float operations on the same numbers).
+    """
+
+    def __init__(self, ps: PairStatic, steps: int | None = None) -> None:
         self.ps = ps
-        self.placed = np.zeros(len(ps.slots), dtype=np.float64)
+        num_pools = len(ps.slots)
+        self.placed = np.zeros(num_pools, dtype=np.float64)
         self.backlog = ps.base_backlog.astype(np.float64)  # base_backlog + placed
         self._terms: tuple[np.ndarray, ...] | None = None  # wait_terms of the current backlog
+        self._table: np.ndarray | None = None
+        if steps is not None and 0 < (steps + 1) * ps.run_s.size <= TABLE_CELLS:
+            backlogs = ps.base_backlog + np.arange(steps + 1, dtype=np.float64)[:, None]  # [S+1, P]
+            terms = wait_terms(ps, backlogs)
+            wait_s = _wait_s(ps.run_s, tuple(t[:, None, :] for t in terms))  # [S+1, n, P]
+            self._free_table = terms[1]  # [S+1, P]
+            self._finish = wait_s + ps.run_s
+            self._table = _dynamic_columns(ps.run_s, wait_s, terms[1][:, None, :], _load(ps, backlogs)[:, None, :])
+            self._at = np.zeros(num_pools, dtype=np.int64)  # placed, as the table's first index
+            self._pools = np.arange(num_pools)
 
     def _wait_terms(self) -> tuple[np.ndarray, ...]:
         if self._terms is None:  # once per step: the step's features and its stop guard share them
@@ -440,6 +479,8 @@ class PairDynamics:
 
     @property
     def free(self) -> np.ndarray:
+        if self._table is not None:
+            return self._free_table[self._at, self._pools]
         return self._wait_terms()[1]
 
     def place(self, pool: int) -> None:
@@ -447,15 +488,24 @@ class PairDynamics:
         self.placed[pool] += 1.0
         self.backlog = self.ps.base_backlog + self.placed
         self._terms = None
+        if self._table is not None:
+            self._at[pool] += 1
 
     def __call__(self, rows: np.ndarray) -> np.ndarray:
         """``[r, P, 5]``: :func:`pair_dynamic` of ``rows``."""
-        return _pair_dynamic(self.ps, rows, self.backlog, self._wait_terms())
+        if self._table is None:
+            return _pair_dynamic(self.ps, rows, self.backlog, self._wait_terms())
+        at, col = self._at, self._pools
+        d = self._table[at, rows[:, None], col]
+        d[..., 2] = _finish_ratio(self.ps.ref[rows], self._finish[at, rows[:, None], col])
+        return d
 
 
-def pair_rows(ps: PairStatic, rows: np.ndarray, placed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def pair_rows(ps: PairStatic, rows: np.ndarray, placed: np.ndarray,
+              dynamic: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``([r, P, F_PAIR] features, [r, P] mask)`` of ``rows`` given ``placed[j]`` tasks already
-    sent to pool ``j`` in this batch (the dynamic columns come from :func:`pair_dynamic`)."""
+    sent to pool ``j`` in this batch (the dynamic columns come from :func:`pair_dynamic`, or are
+    ``dynamic`` when the caller has them, e.g. from :class:`PairDynamics`)."""
     run_s = ps.run_s[rows]  # [r, P]
     cost = ps.cost[rows]
     x = np.empty((*run_s.shape, F_PAIR), dtype=np.float32)
@@ -467,7 +517,7 @@ def pair_rows(ps: PairStatic, rows: np.ndarray, placed: np.ndarray) -> tuple[np.
     x[..., 8] = np.minimum(np.log((cost + 1e-4) / (ps.best_cost[rows, None] + 1e-4)), 3.0)
     x[..., 11] = ps.pinned[rows]
     x[..., 12] = ps.mask[rows]
-    x[..., DYNAMIC_PAIR_COLUMNS] = pair_dynamic(ps, rows, placed)
+    x[..., DYNAMIC_PAIR_COLUMNS] = pair_dynamic(ps, rows, placed) if dynamic is None else dynamic
     return x, ps.mask[rows]
 
 

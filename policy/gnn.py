@@ -233,8 +233,9 @@ class GNNPlacer:
         # The static pair columns and their share of the first head layer are computed once; a
         # step only recomputes the few columns that depend on the backlog placed so far.
         dyn = np.array(DYNAMIC_PAIR_COLUMNS)
-        dynamics = PairDynamics(fb.pairs)  # the backlog placed so far (dynamics.placed) and its waits
-        x_all, m_all = pair_rows(fb.pairs, np.arange(n), dynamics.placed)  # [R, P, F]
+        dynamics = PairDynamics(fb.pairs, steps=n)  # the backlog placed so far (dynamics.placed) and its waits
+        every = np.arange(n)
+        x_all, m_all = pair_rows(fb.pairs, every, dynamics.placed, dynamics(every))  # [R, P, F]
         c_t = wt["c_t"]
         c_dyn = c_t[dyn]  # [5, H]
         c_tt = c_t.T.copy()  # [H, F]
@@ -258,10 +259,12 @@ class GNNPlacer:
             logits = (z @ w + w_b).astype(np.float64)
             if blocked is not None:
                 logits[blocked[rows]] = NEG_INF
+            fit = m_all[rows]
             if self.reserve_busy:
-                logits[late_blocked(d, m_all[rows])] = NEG_INF
+                logits[late_blocked(d, fit)] = NEG_INF
+            free = dynamics.free
             stop_ok = bool(self.allow_wait and (busy_anywhere or order)
-                           and not (dynamics.free.any() and pool_free_within(d, m_all[rows], self.hold_ratio)))
+                           and not (free.any() and pool_free_within(d, fit, self.hold_ratio)))
             if stop_ok:
                 hidden = np.maximum(np.concatenate([a_np[rows].mean(axis=0), g_np]) @ wt["s0_w"] + wt["s0_b"], 0.0)
                 stop = float(hidden @ wt["s2_w"] + wt["s2_b"][0])
@@ -296,7 +299,7 @@ class GNNPlacer:
             if record:
                 steps.append(Step(dynamics.placed.copy(), rows.copy(), (r, pool), stop_ok, self.reserve_busy))
             actions[r] = pool
-            if self.reserve_busy and reserves(dynamics.free[pool], fb.pairs.top[pool]):
+            if self.reserve_busy and reserves(free[pool], fb.pairs.top[pool]):
                 reserved.append(r)  # late binding: it holds its slot in this batch but is not sent
             else:
                 order.append(r)

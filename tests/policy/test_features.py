@@ -16,6 +16,7 @@ from policy.features import (
     F_TASK,
     PAIR_FEATURES,
     READY_FEATURES,
+    TABLE_CELLS,
     TASK_FEATURES,
     PairDynamics,
     featurize,
@@ -118,10 +119,11 @@ def test_big_request_shapes_and_finite() -> None:
         assert np.isfinite(arr).all()
 
 
-def test_pair_dynamics_equals_pair_dynamic_bit_for_bit() -> None:
+@pytest.mark.parametrize("tabulated", [False, True])
+def test_pair_dynamics_equals_pair_dynamic_bit_for_bit(tabulated: bool) -> None:
     """The decoder's incremental pair columns are pair_dynamic's, exactly, after any sequence
     of placements (busy pools, a pool down, a pool scaled to zero slots, pinned and infeasible
-    tasks)."""
+    tasks), step by step and from the table of every reachable backlog."""
     rng = np.random.default_rng(3)
     requests = mixed_requests()
     req, graphs = requests[4]
@@ -132,7 +134,9 @@ def test_pair_dynamics_equals_pair_dynamic_bit_for_bit() -> None:
         fb = featurize(req, graphs, pairs=False)
         if not (fb.num_ready and fb.num_pools):
             continue
-        dyn = PairDynamics(fb.pairs)
+        dyn = PairDynamics(fb.pairs, steps=fb.num_ready if tabulated else None)
+        assert (dyn._table is not None) == (tabulated and (fb.num_ready + 1) * fb.num_ready * fb.num_pools
+                                            <= TABLE_CELLS)
         placed = np.zeros(fb.num_pools)
         rows = fb.order.copy()
         while len(rows):
