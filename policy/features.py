@@ -448,11 +448,12 @@ class PairDynamics:
     ``dynamics(rows)`` equals ``pair_dynamic(ps, rows, placed)`` for the tasks placed so far.
 
     Given ``steps``, the most placements that will follow, the columns of every row for every
-    backlog a pool can reach (``base + 0 .. steps``) are computed once, in a few array calls,
-    and a step only gathers them and takes each row's finish ratio (the one column that depends
-    on the other pools): what the ~50 small array calls of :func:`pair_dynamic` per step cost is
-    what a one-request decode spends most of its time on. The values are the same, bit for bit
-    (the same float operations on the same numbers).
+    backlog a pool can reach (``base + 0 .. steps``) are computed once, in a few array calls;
+    the current columns of every row are kept, and a placement on pool ``j`` copies in column
+    ``j`` at its new backlog and retakes the finish ratios (the one column that depends on the
+    other pools). What the ~50 small array calls of :func:`pair_dynamic` per step cost is what a
+    one-request decode spends most of its time on. The values are the same, bit for bit (the
+    same float operations on the same numbers).
     """
 
     def __init__(self, ps: PairStatic, steps: int | None = None) -> None:
@@ -467,10 +468,12 @@ class PairDynamics:
             terms = wait_terms(ps, backlogs)
             wait_s = _wait_s(ps.run_s, tuple(t[:, None, :] for t in terms))  # [S+1, n, P]
             self._free_table = terms[1]  # [S+1, P]
-            self._finish = wait_s + ps.run_s
+            self._finish = wait_s + ps.run_s  # [S+1, n, P]
             self._table = _dynamic_columns(ps.run_s, wait_s, terms[1][:, None, :], _load(ps, backlogs)[:, None, :])
+            # the current backlog's: free slots [P], finish times [n, P] and columns [n, P, 5]
+            self._free, self._fin, self._cur = self._free_table[0].copy(), self._finish[0].copy(), self._table[0].copy()
+            self._cur[..., 2] = _finish_ratio(ps.ref, self._fin)
             self._at = np.zeros(num_pools, dtype=np.int64)  # placed, as the table's first index
-            self._pools = np.arange(num_pools)
 
     def _wait_terms(self) -> tuple[np.ndarray, ...]:
         if self._terms is None:  # once per step: the step's features and its stop guard share them
@@ -480,7 +483,7 @@ class PairDynamics:
     @property
     def free(self) -> np.ndarray:
         if self._table is not None:
-            return self._free_table[self._at, self._pools]
+            return self._free.copy()
         return self._wait_terms()[1]
 
     def place(self, pool: int) -> None:
@@ -490,15 +493,17 @@ class PairDynamics:
         self._terms = None
         if self._table is not None:
             self._at[pool] += 1
+            at = self._at[pool]
+            self._free[pool] = self._free_table[at, pool]
+            self._fin[:, pool] = self._finish[at, :, pool]
+            self._cur[:, pool] = self._table[at, :, pool]
+            self._cur[..., 2] = _finish_ratio(self.ps.ref, self._fin)
 
     def __call__(self, rows: np.ndarray) -> np.ndarray:
         """``[r, P, 5]``: :func:`pair_dynamic` of ``rows``."""
         if self._table is None:
             return _pair_dynamic(self.ps, rows, self.backlog, self._wait_terms())
-        at, col = self._at, self._pools
-        d = self._table[at, rows[:, None], col]
-        d[..., 2] = _finish_ratio(self.ps.ref[rows], self._finish[at, rows[:, None], col])
-        return d
+        return self._cur[rows]
 
 
 def pair_rows(ps: PairStatic, rows: np.ndarray, placed: np.ndarray,
