@@ -277,10 +277,7 @@ def wait_terms(ps: PairStatic, backlog: np.ndarray) -> tuple[np.ndarray, np.ndar
     else:
         pad, n = ps.free_pad, ps.free_n
     kk = np.minimum(k, pad.shape[1] - 1)
-    if kk.ndim == 1:  # one backlog per pool (the placer's steps): plain fancy indexing is cheaper
-        alpha = pad[np.arange(len(kk)), kk]
-    else:
-        alpha = np.take_along_axis(np.broadcast_to(pad, (*kk.shape, pad.shape[1])), kk[..., None], -1)[..., 0]
+    alpha = pad[np.arange(pad.shape[0]), kk]  # alpha[..., j] = pad[j, kk[..., j]]
     beta = np.where(k >= n, (k - n + 1) / np.maximum(s, 1.0), 0.0)
     alpha = np.where(now_free, 0.0, alpha)
     beta = np.where(now_free, 0.0, beta)
