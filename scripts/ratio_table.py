@@ -1,7 +1,7 @@
 """The learned policy's mean JCT over the per-setting best baseline, from bench JSON run apart.
 
     python scripts/ratio_table.py BASE NAME=PREFIX [NAME=PREFIX ...] --seeds 0 20 40 60
-        [--metric mean_jct_s | p95_jct_s | cost]
+        [--metric mean_jct_s | p95_jct_s | cost | sla_violation_rate]
 
 The ledger's benches run the (deterministic) baselines once per seed, ``drl-trainer bench
 --policies <baselines> --seed S --json BASE-S.json``, then each checkpoint with ``--policies drl
@@ -70,7 +70,8 @@ def main() -> None:
     ap.add_argument("base", help="prefix of the baselines' JSON (BASE-S.json)")
     ap.add_argument("models", nargs="+", help="NAME=PREFIX of each checkpoint's JSON (PREFIX-S.json)")
     ap.add_argument("--seeds", nargs="+", required=True, help="the first seed of each bench run")
-    ap.add_argument("--metric", default="mean_jct_s", choices=["mean_jct_s", "p95_jct_s", "cost"],
+    ap.add_argument("--metric", default="mean_jct_s",
+                    choices=["mean_jct_s", "p95_jct_s", "cost", "sla_violation_rate"],
                     help="the column compared (default: mean JCT)")
     ap.add_argument("--reference", default="per-setting-best", choices=["per-setting-best", "best-fixed"],
                     help="divide by the best baseline of each setting (default) or by the best fixed one")
@@ -87,6 +88,10 @@ def main() -> None:
         for seed in args.seeds:
             best = _best(bases[seed]) if fixed is None else bases[seed][fixed]
             mine = _table(f"{prefix or name}-{seed}.json", args.metric)["drl"]
+            zero = sorted(k for k in mine if best[k] <= 0)
+            if zero:  # a rate (SLA violations) can be 0: no ratio, and no geometric mean with it
+                raise SystemExit(f"{args.metric} of the reference is 0 on {', '.join(zero)} (seed {seed}): "
+                                 "no ratio to it")
             ratios = {k: v / best[k] for k, v in mine.items()}
             per_seed.append(_geomean(list(ratios.values())))
             for k, v in ratios.items():

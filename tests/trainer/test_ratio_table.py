@@ -52,3 +52,14 @@ def test_ratio_table_over_the_best_fixed_baseline(tmp_path: Path, monkeypatch: p
     # 90/100 and 45/50 against srpt+eft (per-setting best would give 90/80 = 1.125 on Epigenomics)
     assert capsys.readouterr().out.strip().splitlines() == [
         "best fixed baseline: srpt+eft", "m: 0.900 / 0.900  mean 0.900  (epigenomics 0.900 / bwa 0.900)"]
+
+
+def test_ratio_table_refuses_a_zero_reference(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SLA violation rates can be 0: a clear error instead of a division by zero."""
+    for name, rows in (("base", [("srpt+eft", "wfcommons:bwa:200:3", 0.0)]), ("m", [("drl", "wfcommons:bwa:200:3", 0.1)])):
+        (tmp_path / f"{name}-0.json").write_text(json.dumps({"results": [
+            {"policy": p, "setting": s, "sla_violation_rate": v} for p, s, v in rows]}))
+    monkeypatch.setattr(sys, "argv", ["ratio_table.py", str(tmp_path / "base"), f"m={tmp_path / 'm'}",
+                                      "--seeds", "0", "--metric", "sla_violation_rate"])
+    with pytest.raises(SystemExit, match="sla_violation_rate of the reference is 0 on bwa"):
+        runpy.run_path(str(SCRIPT), run_name="__main__")
