@@ -129,7 +129,7 @@ def test_pair_dynamics_equals_pair_dynamic_bit_for_bit(tabulated: bool) -> None:
     req, graphs = requests[4]
     zero = (replace(req.pools[0], slots=0, busy=0, queued=0), *req.pools[1:])
     requests.append((replace(req, request_id="req-zero-slots", pools=zero), graphs))
-    checked = 0
+    checked = tables = 0
     for req, graphs in requests:
         fb = featurize(req, graphs, pairs=False)
         if not (fb.num_ready and fb.num_pools):
@@ -137,6 +137,7 @@ def test_pair_dynamics_equals_pair_dynamic_bit_for_bit(tabulated: bool) -> None:
         dyn = PairDynamics(fb.pairs, steps=fb.num_ready if tabulated else None)
         assert (dyn._table is not None) == (tabulated and (fb.num_ready + 1) * fb.num_ready * fb.num_pools
                                             <= TABLE_CELLS)
+        tables += dyn._table is not None
         placed = np.zeros(fb.num_pools)
         rows = fb.order.copy()
         while len(rows):
@@ -150,6 +151,7 @@ def test_pair_dynamics_equals_pair_dynamic_bit_for_bit(tabulated: bool) -> None:
             rows = np.delete(rows, int(rng.integers(len(rows))))
             checked += 1
     assert checked > 100
+    assert (tables >= 5) if tabulated else (tables == 0)
 
 
 def test_featurize_order_is_decode_order() -> None:
