@@ -400,8 +400,9 @@ def _pair_dynamic(ps: PairStatic, rows: np.ndarray, backlog: np.ndarray,
     """:func:`pair_dynamic` given the pools' ``backlog`` and its :func:`wait_terms`."""
     run_s = ps.run_s[rows]  # [r, P]
     wait_s = _wait_s(run_s, terms)
-    d = _dynamic_columns(run_s, wait_s, terms[1], _load(ps, backlog))
-    d[..., 2] = _finish_ratio(ps.ref[rows], wait_s + run_s)
+    finish = wait_s + run_s
+    d = _dynamic_columns(wait_s, finish, terms[1], _load(ps, backlog))
+    d[..., 2] = _finish_ratio(ps.ref[rows], finish)
     return d
 
 
@@ -423,10 +424,9 @@ def _finish_ratio(ref: np.ndarray, finish: np.ndarray) -> np.ndarray:
     return np.minimum(np.log(np.maximum(finish, 1e-6) / best_finish), 3.0)
 
 
-def _dynamic_columns(run_s: np.ndarray, wait_s: np.ndarray, free: np.ndarray, load: np.ndarray) -> np.ndarray:
-    """``[..., P, 5]`` from run and wait times ``[..., P]`` and the pools' free slot and backlog
+def _dynamic_columns(wait_s: np.ndarray, finish: np.ndarray, free: np.ndarray, load: np.ndarray) -> np.ndarray:
+    """``[..., P, 5]`` from wait and finish times ``[..., P]`` and the pools' free slot and backlog
     per slot (broadcast against them), all but column 2 (the finish ratio, set by the caller)."""
-    finish = wait_s + run_s
     d = np.empty((*wait_s.shape, len(DYNAMIC_PAIR_COLUMNS)), dtype=np.float32)
     d[..., 0] = np.log1p(wait_s) / _LOG
     d[..., 1] = np.log1p(finish) / _LOG
@@ -455,8 +455,7 @@ class PairDynamics:
 
     def __init__(self, ps: PairStatic, steps: int | None = None) -> None:
         self.ps = ps
-        num_pools = len(ps.slots)
-        self.placed = np.zeros(num_pools, dtype=np.float64)
+        self.placed = np.zeros(len(ps.slots), dtype=np.float64)
         self.backlog = ps.base_backlog.astype(np.float64)  # base_backlog + placed
         self._terms: tuple[np.ndarray, ...] | None = None  # wait_terms of the current backlog
         self._table: np.ndarray | None = None
@@ -466,11 +465,10 @@ class PairDynamics:
             wait_s = _wait_s(ps.run_s, tuple(t[:, None, :] for t in terms))  # [S+1, n, P]
             self._free_table = terms[1]  # [S+1, P]
             self._finish = wait_s + ps.run_s  # [S+1, n, P]
-            self._table = _dynamic_columns(ps.run_s, wait_s, terms[1][:, None, :], _load(ps, backlogs)[:, None, :])
+            self._table = _dynamic_columns(wait_s, self._finish, terms[1][:, None, :], _load(ps, backlogs)[:, None, :])
             # the current backlog's: free slots [P], finish times [n, P] and columns [n, P, 5]
             self._free, self._fin, self._cur = self._free_table[0].copy(), self._finish[0].copy(), self._table[0].copy()
             self._cur[..., 2] = _finish_ratio(ps.ref, self._fin)
-            self._at = np.zeros(num_pools, dtype=np.int64)  # placed, as the table's first index
 
     def _wait_terms(self) -> tuple[np.ndarray, ...]:
         if self._terms is None:  # once per step: the step's features and its stop guard share them
@@ -489,8 +487,7 @@ class PairDynamics:
         self.backlog = self.ps.base_backlog + self.placed
         self._terms = None
         if self._table is not None:
-            self._at[pool] += 1
-            at = self._at[pool]
+            at = int(self.placed[pool])  # the table's first index: tasks placed on the pool
             self._free[pool] = self._free_table[at, pool]
             self._fin[:, pool] = self._finish[at, :, pool]
             self._cur[:, pool] = self._table[at, :, pool]
