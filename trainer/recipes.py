@@ -2,15 +2,19 @@
 
 A spec ``wfcommons:RECIPE:TASKS[:COUNT]`` (e.g. ``wfcommons:epigenomics:200:4``) generates
 ``COUNT`` (default 4) instances of about ``TASKS`` tasks with WfChef's recipe for that family
-(Coleman et al., "WfChef", 2021), seeded from the caller's generator, and imports each through the
-same WfFormat reader as the real traces. The recipes carry their statistics inside the package,
-so nothing is fetched; ``wfcommons`` is imported only here, only when such a spec is used.
+(Coleman et al., "WfChef", 2021), seeded from the caller's generator (in a child process whose
+string hashing is fixed: same seed, same instances in every process), and imports each through
+the same WfFormat reader as the real traces. The recipes carry their statistics inside the
+package, so nothing is fetched; ``wfcommons`` is imported only here, only when such a spec is used.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -19,6 +23,8 @@ import numpy as np
 from policy.schema import RunGraph
 
 PREFIX = "wfcommons:"
+#: ``PYTHONHASHSEED`` of the process that builds the instances (see :func:`generate`)
+HASH_SEED = "0"
 
 #: recipe name -> class name in ``wfcommons.wfchef.recipes``
 RECIPES = {
@@ -46,29 +52,51 @@ def parse_spec(spec: str) -> tuple[str, int, int]:
 
 
 def generate(spec: str, rng: np.random.Generator) -> list[RunGraph]:
-    """The instances a ``wfcommons:...`` spec names, as run graphs keyed ``RECIPE-TASKS-i``."""
-    from wfcommons import WorkflowGenerator
-    from wfcommons.wfchef import recipes
+    """The instances a ``wfcommons:...`` spec names, as run graphs keyed ``RECIPE-TASKS-i``.
 
+    WfChef builds them in a child process with ``PYTHONHASHSEED`` fixed (:data:`HASH_SEED`): it
+    iterates over sets of task names, whose order follows Python's per-process string hashing, so
+    the same seeds gave different instances in different processes (a benchmark's rows and its
+    baselines, run apart, compared different workflows). Same seed, same instances, in any process.
+    """
     from trainer.wfformat import load_wfformat
 
     recipe, tasks, count = parse_spec(spec)
-    cls = getattr(recipes, RECIPES[recipe])
-    out: list[RunGraph] = []
+    seeds = [int(rng.integers(2**31 - 1)) for _ in range(count)]
     with tempfile.TemporaryDirectory(prefix="drl-wfchef-") as tmp:
-        for i in range(count):
-            seed = int(rng.integers(2**31 - 1))
-            # WfChef draws from the global generators; seed both for repeatable instances.
-            random.seed(seed)
-            np.random.seed(seed % (2**32 - 1))
-            try:
-                workflow = WorkflowGenerator(cls.from_num_tasks(tasks)).build_workflow()
-            except ValueError as exc:  # e.g. fewer tasks than the recipe's smallest base graph
-                raise ValueError(f"{spec!r}: {exc}") from exc
-            path = Path(tmp) / f"{recipe}-{tasks}-{i}.json"
-            workflow.write_json(path)
-            doc = json.loads(path.read_text())
-            if not doc.get("workflow", {}).get("specification", {}).get("tasks"):
-                raise ValueError(f"{spec!r}: the {recipe} recipe produced an empty workflow")
-            out.append(load_wfformat(path))
-    return out
+        env = {**os.environ, "PYTHONHASHSEED": HASH_SEED}
+        cmd = [sys.executable, "-c", "import sys; from trainer.recipes import _build; _build(sys.argv[1:])",
+               recipe, str(tasks), tmp, *map(str, seeds)]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        error = Path(tmp) / "error.txt"
+        if error.exists():
+            raise ValueError(f"{spec!r}: {error.read_text()}")
+        if done.returncode != 0:
+            raise RuntimeError(f"{spec!r}: the WfChef generator failed (exit {done.returncode}): "
+                               f"{done.stderr.strip()[-2000:]}")
+        return [load_wfformat(Path(tmp) / f"{recipe}-{tasks}-{i}.json") for i in range(count)]
+
+
+def _build(argv: list[str]) -> None:
+    """The child of :func:`generate`: ``RECIPE TASKS FOLDER SEED...`` -> one WfFormat file per
+    seed in FOLDER (``RECIPE-TASKS-i.json``), or FOLDER/error.txt for a recipe's ValueError."""
+    from wfcommons import WorkflowGenerator
+    from wfcommons.wfchef import recipes
+
+    recipe, tasks, folder, seeds = argv[0], int(argv[1]), Path(argv[2]), [int(s) for s in argv[3:]]
+    cls = getattr(recipes, RECIPES[recipe])
+    for i, seed in enumerate(seeds):
+        # WfChef draws from the global generators; seed both for repeatable instances.
+        random.seed(seed)
+        np.random.seed(seed % (2**32 - 1))
+        try:
+            workflow = WorkflowGenerator(cls.from_num_tasks(tasks)).build_workflow()
+        except ValueError as exc:  # e.g. fewer tasks than the recipe's smallest base graph
+            (folder / "error.txt").write_text(str(exc))
+            return
+        path = folder / f"{recipe}-{tasks}-{i}.json"
+        workflow.write_json(path)
+        doc = json.loads(path.read_text())
+        if not doc.get("workflow", {}).get("specification", {}).get("tasks"):
+            (folder / "error.txt").write_text(f"the {recipe} recipe produced an empty workflow")
+            return
