@@ -7,6 +7,7 @@ Every field can come from the command line (``--batch-max 64``) or from the envi
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import socket
 from dataclasses import MISSING, dataclass, field, fields
@@ -20,6 +21,8 @@ from policy.transport import DEFAULT_PREFIX
 ENV_PREFIX = "DRL_POLICY_"
 PLACERS = ("auto", "eft", "gnn")
 DEVICES = ("auto", "cpu", "cuda")
+#: the GNN placer's one-request steps (policy.gnn.step_kernel_choice)
+STEP_KERNELS = ("auto", "compiled", "numpy")
 
 
 class ConfigError(PolicyError, ValueError):
@@ -83,6 +86,9 @@ class ServerConfig:
     #: estimated finish is within this factor of its best (inf: work-conserving; 1: refused only
     #: while its best pool is free, the rule before the work-conserving stop).
     hold_ratio: float = HOLD_RATIO
+    #: The GNN's one-request greedy steps: auto (compiled with numba where it is installed),
+    #: compiled, or numpy.
+    step_kernel: str = "auto"
     #: Load-skew breaker: trip when the utilisation spread of live pools exceeds this (0-1] ...
     skew_threshold: float = 0.75
     #: ... then place the next N decisions with the fallback heuristic (0 disables the breaker).
@@ -134,6 +140,10 @@ class ServerConfig:
             check_hold_ratio(self.hold_ratio)
         except ValueError as exc:
             raise ConfigError(f"hold_ratio: {exc}") from None
+        if self.step_kernel not in STEP_KERNELS:
+            raise ConfigError(f"step_kernel: expected one of {STEP_KERNELS}, got {self.step_kernel!r}")
+        if self.step_kernel == "compiled" and importlib.util.find_spec("numba") is None:
+            raise ConfigError("step_kernel: 'compiled' needs numba (in the policy extra); 'auto' falls back to numpy")
         if not 0 < self.skew_threshold <= 1:
             raise ConfigError(f"skew_threshold: must be in (0, 1], got {self.skew_threshold!r}")
         if self.metrics_port > 65535:

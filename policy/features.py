@@ -470,6 +470,14 @@ class PairDynamics:
             self._free, self._fin, self._cur = self._free_table[0].copy(), self._finish[0].copy(), self._table[0].copy()
             self._cur[..., 2] = _finish_ratio(ps.ref, self._fin)
 
+    def table(self) -> tuple[np.ndarray, ...] | None:
+        """``(columns [T, n, P, 5], finish [T, n, P], free [T, P], and the current columns
+        [n, P, 5], finish [n, P], free [P])`` when tabulated (else None): what
+        :mod:`policy.step_kernel` steps on (the current ones are copies it may update)."""
+        if self._table is None:
+            return None
+        return (self._table, self._finish, self._free_table, self._cur.copy(), self._fin.copy(), self._free.copy())
+
     def _wait_terms(self) -> tuple[np.ndarray, ...]:
         if self._terms is None:  # once per step: the step's features and its stop guard share them
             self._terms = wait_terms(self.ps, self.backlog)

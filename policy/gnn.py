@@ -52,8 +52,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from policy import step_kernel as step_kernel_mod
 from policy.batch_decoder import decode_greedy, upload
 from policy.checkpoint import Checkpoint, load_checkpoint
+from policy.config import STEP_KERNELS
 from policy.features import (
     DYNAMIC_PAIR_COLUMNS,
     HOLD_RATIO,
@@ -127,6 +129,7 @@ class GNNPlacer:
         hold_ratio: float = HOLD_RATIO,
         reserve_busy: bool = RESERVE_BUSY,
         explain: bool = True,
+        step_kernel: str = "auto",
     ) -> None:
         if temperature < 0 or not math.isfinite(temperature):
             raise ValueError(f"temperature must be >= 0, got {temperature!r}")
@@ -146,6 +149,11 @@ class GNNPlacer:
         #: arrays of place_many's batched steps: None (numpy on a CPU, torch tensors on a GPU),
         #: "numpy" or "torch" (tests run the GPU's code on the CPU with "torch")
         self.batch_backend: str | None = None
+        #: the one-request greedy steps: "auto" (compiled, :mod:`policy.step_kernel`, where numba
+        #: is installed; numpy otherwise), "compiled" or "numpy"
+        self.step_kernel = step_kernel_choice(step_kernel)
+        if self.step_kernel == "compiled":
+            step_kernel_mod.warm_up()  # compiled (or loaded from numba's cache) once per process
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "cpu", **kwargs: Any) -> GNNPlacer:
@@ -250,9 +258,26 @@ class GNNPlacer:
         # recorded, the argmax over pairs compared with stop directly, and the evidence of the
         # placed rows (probabilities, features, gradient x input) computed for all of them after
         # the steps from what each step kept of its chosen row.
-        d_kept = np.zeros((n, num_pools, len(dyn)), dtype=np.float32)
-        z_kept = np.zeros((n, num_pools, c_t.shape[1]), dtype=np.float32)
-        logits_kept = np.zeros((n, num_pools), dtype=np.float64)
+        tab = dynamics.table() if temp == 0 and not record and self.step_kernel == "compiled" else None
+        if tab is not None:  # the same steps in one compiled call
+            table, finish, free_table, cur, fin, free_now = tab
+            (actions, sent, n_sent, resv, n_resv, d_kept, z_kept, logits_kept, held, n_held,
+             held_logits) = step_kernel_mod.greedy_steps(
+                pre, c_dyn, w, w_b, table, finish, free_table, cur, fin, free_now, fb.pairs.ref, m_all,
+                ~keep_all, rows, a_np, g_np, wt["s0_w"], wt["s0_b"], wt["s2_w"], wt["s2_b"],
+                fb.pairs.top, self.reserve_busy, self.allow_wait, busy_anywhere, math.log(self.hold_ratio), NEG_INF)
+            order, reserved = [int(r) for r in sent[:n_sent]], [int(r) for r in resv[:n_resv]]
+            if n_held:  # as a stop below
+                kept = held[:n_held]
+                probs[kept] = _softmax_rows(held_logits[kept])
+                x = x_all[kept]
+                x[..., dyn] = cur[kept]
+                fb.pair_x[kept], fb.mask[kept] = x, m_all[kept]
+            rows = rows[:0]
+        else:
+            d_kept = np.zeros((n, num_pools, len(dyn)), dtype=np.float32)
+            z_kept = np.zeros((n, num_pools, c_t.shape[1]), dtype=np.float32)
+            logits_kept = np.zeros((n, num_pools), dtype=np.float64)
         while len(rows):
             d = dynamics(rows)  # [r, P, 5]: pair_dynamic(fb.pairs, rows, dynamics.placed)
             z = np.maximum(pre[rows] + d @ c_dyn, 0.0)  # [r, P, H]
@@ -423,6 +448,18 @@ class GNNPlacer:
                 )
             )
         return out
+
+
+def step_kernel_choice(choice: str) -> str:
+    """``"compiled"`` or ``"numpy"``: the one-request steps for ``choice`` (``"auto"``: compiled
+    where numba is installed); ``ValueError`` for another name, or "compiled" without numba."""
+    if choice not in STEP_KERNELS:
+        raise ValueError(f"step_kernel must be one of {STEP_KERNELS}, got {choice!r}")
+    if choice == "compiled" and not step_kernel_mod.AVAILABLE:
+        raise ValueError("step_kernel='compiled' needs numba (pip install numba, in the policy extra)")
+    if choice == "auto":
+        return "compiled" if step_kernel_mod.AVAILABLE else "numpy"
+    return choice
 
 
 def reserve_busy_of(manifest: Mapping[str, Any]) -> bool:

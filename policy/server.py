@@ -142,7 +142,7 @@ class PolicyServer:
                 config.registry,
                 loader=loader or functools.partial(
                     gnn_loader, temperature=config.temperature, seed=config.seed,
-                    hold_ratio=config.hold_ratio,
+                    hold_ratio=config.hold_ratio, step_kernel=config.step_kernel,
                 ),
                 device=config.device,
                 poll_s=config.registry_poll_s,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -10,10 +11,11 @@ import pytest
 import torch
 from gnn_helpers import ROOT, big_request, diamond_request, mixed_requests
 
+from policy import step_kernel
 from policy.arbiter import BatchPlacer
 from policy.checkpoint import save_checkpoint
 from policy.features import featurize
-from policy.gnn import GNNPlacer, attribute
+from policy.gnn import GNNPlacer, attribute, step_kernel_choice
 from policy.model import ModelConfig, PlacementGNN, collate, collate_steps
 from policy.placement import Placer
 from policy.schema import Decision
@@ -162,6 +164,65 @@ def test_place_many_decides_as_place(checkpoint: str | None, allow_wait: bool, r
     else:
         assert not any(held)
     assert any(not r.ready for r in requests)
+
+
+@pytest.mark.skipif(not step_kernel.AVAILABLE, reason="numba is not installed (the policy extra installs it)")
+@pytest.mark.parametrize("checkpoint", [None, "default"])
+@pytest.mark.parametrize(("allow_wait", "reserve_busy", "hold_ratio"),
+                         [(True, False, math.inf), (False, False, math.inf), (True, True, math.inf), (True, True, 1.0)])
+def test_compiled_steps_decide_as_numpy_steps(checkpoint: str | None, allow_wait: bool, reserve_busy: bool,
+                                              hold_ratio: float) -> None:
+    """The compiled one-request steps (policy/step_kernel.py) give the numpy steps' decisions,
+    dispatch order, reasons and evidence (probabilities, pair features, contributions) on the
+    mixed requests and on 60 random ones (1-40 ready rows of 30-400-task runs on busy and idle
+    clusters); the float32 sums may round differently in the last bits, nothing more."""
+    def make(kernel: str) -> GNNPlacer:
+        kw = dict(allow_wait=allow_wait, reserve_busy=reserve_busy, hold_ratio=hold_ratio, step_kernel=kernel)
+        if checkpoint:
+            return GNNPlacer.from_checkpoint(ROOT / "policy" / "checkpoints" / checkpoint, **kw)  # type: ignore[arg-type]
+        return _placer(**kw)
+
+    fast, slow = make("compiled"), make("numpy")
+    assert (fast.step_kernel, slow.step_kernel) == ("compiled", "numpy")
+    rng = np.random.default_rng(3)
+    items = mixed_requests()
+    for s, (n, r) in enumerate(rng.integers([30, 1], [400, 41], (60, 2))):
+        req, graphs = big_request(int(n), ready=int(r), seed=s)
+        if s % 2:  # busy pools with a ledger's finish times, the first able to grow
+            pools = tuple(replace(p, busy=p.slots, queued=int(rng.integers(0, 4)), boot_s=30.0,
+                                  free_at=tuple(np.sort(rng.random(p.slots + 3) * 200.0).tolist()),
+                                  max_slots=p.slots + 1 if j == 0 else None) for j, p in enumerate(req.pools))
+            req = replace(req, pools=pools)
+        items.append((req, graphs))
+    held = placed = 0
+    for req, graphs in items:
+        a = fast._decode_features(featurize(req, graphs, pairs=False), 0.0)
+        b = slow._decode_features(featurize(req, graphs, pairs=False), 0.0)
+        assert a.actions.tolist() == b.actions.tolist() and a.placed_order == b.placed_order
+        np.testing.assert_allclose(a.probs, b.probs, atol=1e-5)
+        np.testing.assert_allclose(a.pair_contrib, b.pair_contrib, atol=1e-4)
+        np.testing.assert_array_equal(a.batch.mask, b.batch.mask)
+        np.testing.assert_allclose(a.batch.pair_x, b.batch.pair_x, atol=1e-6)
+        _same([fast._decisions(a, a.placed_order)], [slow._decisions(b, b.placed_order)])
+        held += int((a.actions < 0).sum())
+        placed += len(a.placed_order)
+    assert placed > 300
+    if allow_wait:
+        assert held  # stops happened: the held rows' evidence was compared too
+
+
+def test_step_kernel_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto`` takes the compiled steps where numba is installed and the numpy ones where it is
+    not; asking for ``compiled`` without numba, or for an unknown kernel, is a clear error."""
+    assert step_kernel_choice("numpy") == "numpy"
+    assert step_kernel_choice("auto") == ("compiled" if step_kernel.AVAILABLE else "numpy")
+    with pytest.raises(ValueError, match="one of"):
+        step_kernel_choice("fast")
+    monkeypatch.setattr(step_kernel, "AVAILABLE", False)
+    assert step_kernel_choice("auto") == "numpy"
+    assert _placer().step_kernel == "numpy"
+    with pytest.raises(ValueError, match="needs numba"):
+        step_kernel_choice("compiled")
 
 
 def test_place_many_on_one_request_and_with_sampling() -> None:

@@ -64,6 +64,9 @@ def test_config_from_env_and_cli() -> None:
     # the GNN's stop guard: work-conserving by default, the earlier rule by setting
     assert ServerConfig().hold_ratio == float("inf")
     assert ServerConfig.from_sources({}, {"DRL_POLICY_HOLD_RATIO": "1"}).hold_ratio == 1.0
+    # the decode steps: compiled where numba is, by setting numpy
+    assert ServerConfig().step_kernel == "auto"
+    assert ServerConfig.from_sources({}, {"DRL_POLICY_STEP_KERNEL": "numpy"}).step_kernel == "numpy"
 
 
 @pytest.mark.parametrize(
@@ -77,6 +80,7 @@ def test_config_from_env_and_cli() -> None:
         ({"reconnect_base_s": 2.0, "reconnect_max_s": 1.0}, "reconnect_max_s"),
         ({"skew_threshold": 1.5}, "skew_threshold"),
         ({"hold_ratio": 0.5}, "hold_ratio"),
+        ({"step_kernel": "fast"}, "step_kernel"),
     ],
 )
 def test_config_is_validated(kwargs: dict[str, object], match: str) -> None:
