@@ -23,6 +23,9 @@ How a batch is decided
     pool; ``1``: only its earliest-finish one). Holding is then only "do not queue behind busy
     pools": trained models were seen to hold hundreds of tasks on idle capacity (on 1,000-task
     DAGs, and one training seed in three on 200-task ones; docs/policy.md).
+    The greedy steps of a lone request run compiled (:mod:`policy.step_kernel`, numba; the same
+    decisions, ``step_kernel``) where numba is installed; training's recorded and sampled steps,
+    and requests too large for the backlog table, run on numpy arrays.
     With ``reserve_busy`` (a checkpoint trained with ``drl-trainer train --reserve-busy 1``
     decodes so; :data:`~policy.features.RESERVE_BUSY`), a task given a pool with no free slot
     and no room to grow is not sent: it reserves that pool's next slot for the rest of the batch
@@ -267,18 +270,17 @@ class GNNPlacer:
                 ~keep_all, rows, a_np, g_np, wt["s0_w"], wt["s0_b"], wt["s2_w"], wt["s2_b"],
                 fb.pairs.top, self.reserve_busy, self.allow_wait, busy_anywhere, math.log(self.hold_ratio), NEG_INF)
             order, reserved = [int(r) for r in sent[:n_sent]], [int(r) for r in resv[:n_resv]]
-            if n_held:  # as a stop below
-                kept = held[:n_held]
-                probs[kept] = _softmax_rows(held_logits[kept])
-                x = x_all[kept]
-                x[..., dyn] = cur[kept]
-                fb.pair_x[kept], fb.mask[kept] = x, m_all[kept]
-            rows = rows[:0]
+            rows = held[:n_held]  # what a stop held (the loop below is skipped)
+            if n_held:  # the evidence of held rows, as a stop in the loop below keeps it
+                probs[rows] = _softmax_rows(held_logits[rows])
+                x = x_all[rows]
+                x[..., dyn] = cur[rows]
+                fb.pair_x[rows], fb.mask[rows] = x, m_all[rows]
         else:
             d_kept = np.zeros((n, num_pools, len(dyn)), dtype=np.float32)
             z_kept = np.zeros((n, num_pools, c_t.shape[1]), dtype=np.float32)
             logits_kept = np.zeros((n, num_pools), dtype=np.float64)
-        while len(rows):
+        while tab is None and len(rows):
             d = dynamics(rows)  # [r, P, 5]: pair_dynamic(fb.pairs, rows, dynamics.placed)
             z = np.maximum(pre[rows] + d @ c_dyn, 0.0)  # [r, P, H]
             logits = (z @ w + w_b).astype(np.float64)
