@@ -49,12 +49,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from policy import step_kernel
 from policy.features import (
     DYNAMIC_PAIR_COLUMNS,
     F_PAIR,
     HOLD_RATIO,
     RESERVE_BUSY,
     FeatureBatch,
+    PairDynamics,
     check_hold_ratio,
     late_blocked,
     pair_rows,
@@ -130,6 +132,7 @@ def decode_greedy(
     hold_ratio: float = HOLD_RATIO,
     reserve_busy: bool = RESERVE_BUSY,
     backend: str | None = None,
+    weights: dict[str, np.ndarray] | None = None,
 ) -> list[Decided]:
     """Greedy decoding of every request of ``fbs`` (each with >= 1 ready row and >= 1 pool).
 
@@ -138,8 +141,12 @@ def decode_greedy(
     the ready rows of all requests, concatenated in request order. ``reserve_busy``: a row
     given a pool with no free slot reserves it and is not sent (:data:`policy.features.RESERVE_BUSY`).
     ``backend`` forces the
-    steps onto ``"numpy"`` or ``"torch"`` arrays (default: numpy up to a batch size, see the
-    module docstring, torch above it).
+    steps onto ``"numpy"`` or ``"torch"`` arrays, or ``"compiled"``: each request's steps in one
+    call of :func:`policy.step_kernel.greedy_steps` after the batched model parts (needs
+    ``weights``, :meth:`policy.model.PlacementGNN.numpy_weights`, and numba). Default: compiled
+    when ``weights`` are given and every request's backlog table fits
+    (:data:`policy.features.TABLE_CELLS`), else numpy up to a batch size (see the module
+    docstring) and torch above it.
     """
     device = h_table.device
     num = [fb.num_ready for fb in fbs]
@@ -222,6 +229,16 @@ def decode_greedy(
     s0_w, s0_b, s2_w, s2_b = s0.weight.T, s0.bias, s2.weight[0], s2.bias[0]
     pre = a[:, :, None, :] + b[:, None] + t_sx @ c_t  # [S, R, P, H]
 
+    if backend == "compiled" or (backend is None and weights is not None):
+        if weights is None:
+            raise ValueError("backend='compiled' needs the model's numpy weights")
+        tables = [PairDynamics(fb.pairs, steps=fb.num_ready).table() for fb in fbs]
+        if all(t is not None for t in tables) or backend == "compiled":
+            pre_h, a_h, g_h = download([pre, a, g])
+            return [_compiled(fb, tab, pre_h[s], a_h[s], g_h[s], x_alls[s], weights, allow_wait=allow_wait,
+                              hold_ratio=check_hold_ratio(hold_ratio), reserve_busy=reserve_busy)
+                    for s, (fb, tab) in enumerate(zip(fbs, tables, strict=True))]
+
     # Small batches step on host numpy (a few microseconds per operation, where torch's dispatch,
     # let alone a kernel launch, costs several times that), larger ones on the device's tensors.
     on_cpu = device.type == "cpu"
@@ -262,6 +279,49 @@ def decode_greedy(
         mk[rows] = m_all[rows]
         out.append(Decided(act, [int(r) for r in rows], pr, px, mk, cb))
     return out
+
+
+def _compiled(fb: FeatureBatch, tab: tuple[np.ndarray, ...] | None, pre: np.ndarray, a: np.ndarray, g: np.ndarray,
+              found: tuple[np.ndarray, np.ndarray], weights: dict[str, np.ndarray], *, allow_wait: bool,
+              hold_ratio: float, reserve_busy: bool) -> Decided:
+    """One request's steps compiled (:mod:`policy.step_kernel`) from the batch's model parts:
+    ``pre [R, P, H]``, ``a [R, H]`` (row slots in decode order), ``g [H]``; ``tab`` its
+    :meth:`policy.features.PairDynamics.table`, ``found`` its pair features and mask at an empty
+    backlog. The evidence of the rows sent, as the batched steps give it."""
+    if tab is None:
+        raise ValueError(f"request of {fb.num_ready} ready rows x {fb.num_pools} pools: too large for the "
+                         f"compiled steps' backlog table")
+    n, p, o = fb.num_ready, fb.num_pools, fb.order
+    x_all, m_all = found
+    pre_rows = np.empty((n, p, pre.shape[-1]), dtype=np.float32)
+    pre_rows[o] = pre[:n, :p]
+    a_rows = np.empty((n, a.shape[-1]), dtype=np.float32)
+    a_rows[o] = a[:n]
+    keep = m_all | ~m_all.any(axis=1, keepdims=True)
+    dyn = list(DYNAMIC_PAIR_COLUMNS)
+    c_t, w = weights["c_t"], weights["w"]
+    table, finish, free_table, cur, fin, free_now = tab
+    actions, sent, n_sent, resv, n_resv, d_kept, z_kept, logits_kept, *_ = step_kernel.greedy_steps(
+        pre_rows, np.ascontiguousarray(c_t[dyn]), w, weights["b"], table, finish, free_table, cur, fin, free_now,
+        fb.pairs.ref, m_all, ~keep, o.astype(np.int64), a_rows, np.ascontiguousarray(g, dtype=np.float32),
+        weights["s0_w"], weights["s0_b"], weights["s2_w"], weights["s2_b"], fb.pairs.top, reserve_busy, allow_wait,
+        any(q.busy + q.queued > 0 for q in fb.pools), math.log(hold_ratio), NEG_INF)
+    rows = sent[:n_sent]
+    act = actions.copy()
+    act[resv[:n_resv]] = -1
+    lg = logits_kept[rows]
+    e = np.exp(lg - lg.max(axis=1, keepdims=True))
+    pr = np.zeros((n, p), dtype=np.float64)
+    pr[rows] = e / e.sum(axis=1, keepdims=True)
+    x = x_all[rows]
+    x[..., dyn] = d_kept[rows]
+    px = np.zeros((n, p, F_PAIR), dtype=np.float32)
+    px[rows] = x
+    cb = np.zeros((n, p, F_PAIR), dtype=np.float32)
+    cb[rows] = ((z_kept[rows] > 0) * w) @ c_t.T * x
+    mk = np.zeros((n, p), dtype=bool)
+    mk[rows] = m_all[rows]
+    return Decided(act, [int(r) for r in rows], pr, px, mk, cb)
 
 
 @dataclass(frozen=True)

@@ -376,7 +376,8 @@ class GNNPlacer:
         h_table, s_table, node_idx, run_idx = self._embeddings_many(group)
         decided = decode_greedy(self.model, group, h_table, s_table, node_idx, run_idx,
                                 allow_wait=self.allow_wait, hold_ratio=self.hold_ratio, reserve_busy=self.reserve_busy,
-                                backend=self.batch_backend)
+                                backend=self.batch_backend,
+                                weights=self._weights if self.step_kernel == "compiled" else None)
         for i, fb, d in zip(batched, group, decided, strict=True):
             fb.pair_x, fb.mask = d.pair_x, d.mask
             out[i] = self._decisions(Decoded(fb, d.actions, [], 0.0, d.probs, d.contrib), d.order)

@@ -131,7 +131,7 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("backend", ["numpy", "torch"] + (["compiled"] if step_kernel.AVAILABLE else []))
 @pytest.mark.parametrize("checkpoint", [None, "default"])
 @pytest.mark.parametrize(("allow_wait", "reserve_busy"), [(True, False), (False, False), (True, True)])
 def test_place_many_decides_as_place(checkpoint: str | None, allow_wait: bool, reserve_busy: bool, backend: str,
@@ -140,8 +140,9 @@ def test_place_many_decides_as_place(checkpoint: str | None, allow_wait: bool, r
     requests of 4 to 1,000 tasks with 0 to 64 ready rows, holds (stop), pinned tasks, a task
     no pool can hold, a pool down, a request with fewer pools, two runs in one request, and
     (``reserve_busy``) tasks that reserve a busy pool instead of being sent. Its steps
-    run on numpy arrays on the host (small batches) or on torch tensors on the model's device:
-    both are checked here, on the CPU and, where there is one, on a GPU (the model's parts
+    run on numpy arrays on the host (small batches), on torch tensors on the model's device, or
+    request by request in the compiled steps (where numba is installed, the default): all are
+    checked here, on the CPU and, where there is one, on a GPU (the model's parts
     computed there, the numpy steps after one download)."""
     def make() -> GNNPlacer:
         if checkpoint:
