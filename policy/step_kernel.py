@@ -82,6 +82,8 @@ def _greedy_steps(pre: np.ndarray, c_dyn: np.ndarray, w: np.ndarray, w_b: np.nda
     n_held = 0
     held_logits = np.zeros((n, num_pools), dtype=np.float64)
     z = np.empty((n, num_pools, hidden), dtype=np.float32)
+    raw = np.empty((n, num_pools), dtype=np.float64)  # each pair's head output, before the masks
+    dirty = np.ones((n, num_pools), dtype=np.bool_)  # its columns changed since raw was computed
     logits = np.empty((n, num_pools), dtype=np.float64)
     a_sum = np.empty(hidden, dtype=np.float32)
     stop_in = np.empty(2 * hidden, dtype=np.float32)
@@ -101,17 +103,20 @@ def _greedy_steps(pre: np.ndarray, c_dyn: np.ndarray, w: np.ndarray, w_b: np.nda
                     if cur[r, p, 2] <= log_ratio:
                         free_near = True
             for p in range(num_pools):
-                acc = np.float32(0.0)
-                for h in range(hidden):
-                    dc = np.float32(0.0)
-                    for c in range(num_dyn):
-                        dc += cur[r, p, c] * c_dyn[c, h]
-                    v = pre[r, p, h] + dc
-                    if v < 0:
-                        v = np.float32(0.0)
-                    z[r, p, h] = v
-                    acc += v * w[h]
-                lg = float(acc + w_b[0])
+                if dirty[r, p]:  # a pair whose columns did not change keeps its head output
+                    acc = np.float32(0.0)
+                    for h in range(hidden):
+                        dc = np.float32(0.0)
+                        for c in range(num_dyn):
+                            dc += cur[r, p, c] * c_dyn[c, h]
+                        v = pre[r, p, h] + dc
+                        if v < 0:
+                            v = np.float32(0.0)
+                        z[r, p, h] = v
+                        acc += v * w[h]
+                    raw[r, p] = float(acc + w_b[0])
+                    dirty[r, p] = False
+                lg = raw[r, p]
                 if blocked[r, p]:
                     lg = neg_inf
                 if reserve_busy and not cur[r, p, 3] > 0.5 and cur[r, p, 2] >= late_best:
@@ -172,13 +177,17 @@ def _greedy_steps(pre: np.ndarray, c_dyn: np.ndarray, w: np.ndarray, w_b: np.nda
             fin[i, pool] = finish[at, i, pool]
             for c in range(num_dyn):
                 cur[i, pool, c] = table[at, i, pool, c]
+            dirty[i, pool] = True
             best = math.inf
             for p in range(num_pools):
                 if ref[i, p] and fin[i, p] < best:
                     best = fin[i, p]
             best = max(best, 1e-6)
             for p in range(num_pools):
-                cur[i, p, 2] = min(math.log(max(fin[i, p], 1e-6) / best), 3.0)
+                ratio = np.float32(min(math.log(max(fin[i, p], 1e-6) / best), 3.0))
+                if ratio != cur[i, p, 2]:  # the row's earliest finish moved: its other pools too
+                    cur[i, p, 2] = ratio
+                    dirty[i, p] = True
         for k in range(best_k, nrows - 1):
             rows[k] = rows[k + 1]
         nrows -= 1
