@@ -7,7 +7,9 @@ one compiled call: the same quantities (the head's first layer from the precompu
 ``pre`` plus the dynamic columns times ``c_dyn``, the late-binding mask, the stop guard and stop
 head, the first-maximum argmax over the surviving (row, pool) pairs against stop) and the same
 state updates as :class:`policy.features.PairDynamics` (a placement on pool ``j`` copies in
-column ``j`` at its new backlog from the table and retakes every row's finish ratio).
+column ``j`` at its new backlog from the table and retakes every row's finish ratio). A pair's
+head output is kept between steps and recomputed only when its columns changed (the placed
+pool's, and a row's other pools when its earliest finish moved).
 
 Precision: float32 where numpy computes in float32, float64 where it does, but the sums of the
 two matrix products run in a fixed order, where numpy's BLAS blocks and vectorises them, so a
