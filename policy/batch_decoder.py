@@ -174,11 +174,16 @@ def decode_greedy(
     pool_x = np.zeros((S, P, fbs[0].pool_x.shape[1]), dtype=np.float32)
     pool_valid = np.zeros((S, P), dtype=bool)
     x_alls: list[tuple[np.ndarray, np.ndarray]] = []
+    tables: list[tuple[np.ndarray, ...] | None] = []  # the compiled steps' backlog tables
+    compiled = backend == "compiled" or (backend is None and weights is not None)
     off = 0
     for s, fb in enumerate(fbs):
         n, p, o = num[s], npools[s], fb.order
-        x_all, m_all = pair_rows(fb.pairs, np.arange(n), np.zeros(p))  # [n, p, F]
+        dynamics = PairDynamics(fb.pairs, steps=n if compiled else None)
+        every = np.arange(n)
+        x_all, m_all = pair_rows(fb.pairs, every, dynamics.placed, dynamics(every))  # [n, p, F]
         x_alls.append((x_all, m_all))
+        tables.append(dynamics.table())
         st = x_all[o].copy()
         st[..., dyn] = 0.0
         sx[s, :n, :p] = st
@@ -231,10 +236,9 @@ def decode_greedy(
     s0_w, s0_b, s2_w, s2_b = s0.weight.T, s0.bias, s2.weight[0], s2.bias[0]
     pre = a[:, :, None, :] + b[:, None] + t_sx @ c_t  # [S, R, P, H]
 
-    if backend == "compiled" or (backend is None and weights is not None):
+    if compiled:
         if weights is None:
             raise ValueError("backend='compiled' needs the model's numpy weights")
-        tables = [PairDynamics(fb.pairs, steps=fb.num_ready).table() for fb in fbs]
         if all(t is not None for t in tables) or backend == "compiled":
             pre_h, a_h, g_h = download([pre, a, g])
             return [_compiled(fb, tab, pre_h[s], a_h[s], g_h[s], x_alls[s], weights, allow_wait=allow_wait,
@@ -299,31 +303,55 @@ def _compiled(fb: FeatureBatch, tab: tuple[np.ndarray, ...] | None, pre: np.ndar
     pre_rows[o] = pre[:n, :p]
     a_rows = np.empty((n, a.shape[-1]), dtype=np.float32)
     a_rows[o] = a[:n]
-    keep = m_all | ~m_all.any(axis=1, keepdims=True)
-    dyn = list(DYNAMIC_PAIR_COLUMNS)
-    c_t, w = weights["c_t"], weights["w"]
-    table, finish, free_table, cur, fin, free_now = tab
-    actions, sent, n_sent, resv, n_resv, d_kept, z_kept, logits_kept, *_ = step_kernel.greedy_steps(
-        pre_rows, np.ascontiguousarray(c_t[dyn]), w, weights["b"], table, finish, free_table, cur, fin, free_now,
-        fb.pairs.ref, m_all, ~keep, o.astype(np.int64), a_rows, np.ascontiguousarray(g, dtype=np.float32),
-        weights["s0_w"], weights["s0_b"], weights["s2_w"], weights["s2_b"], fb.pairs.top, reserve_busy, allow_wait,
-        any(q.busy + q.queued > 0 for q in fb.pools), math.log(hold_ratio), NEG_INF)
+    actions, sent, n_sent, resv, n_resv, d_kept, z_kept, logits_kept, *_ = compiled_steps(
+        fb, tab, pre_rows, a_rows, g, m_all, weights, allow_wait=allow_wait, hold_ratio=hold_ratio,
+        reserve_busy=reserve_busy)
     rows = sent[:n_sent]
     act = actions.copy()
     act[resv[:n_resv]] = -1
-    lg = logits_kept[rows]
-    e = np.exp(lg - lg.max(axis=1, keepdims=True))
     pr = np.zeros((n, p), dtype=np.float64)
-    pr[rows] = e / e.sum(axis=1, keepdims=True)
-    x = x_all[rows]
-    x[..., dyn] = d_kept[rows]
     px = np.zeros((n, p, F_PAIR), dtype=np.float32)
-    px[rows] = x
     cb = np.zeros((n, p, F_PAIR), dtype=np.float32)
-    cb[rows] = ((z_kept[rows] > 0) * w) @ c_t.T * x
+    pr[rows], px[rows], cb[rows] = row_evidence(rows, logits_kept, d_kept, z_kept, x_all, weights)
     mk = np.zeros((n, p), dtype=bool)
     mk[rows] = m_all[rows]
     return Decided(act, [int(r) for r in rows], pr, px, mk, cb)
+
+
+def compiled_steps(fb: FeatureBatch, tab: tuple[np.ndarray, ...], pre: np.ndarray, a: np.ndarray, g: np.ndarray,
+                   fit: np.ndarray, weights: dict[str, np.ndarray], *, allow_wait: bool, hold_ratio: float,
+                   reserve_busy: bool) -> tuple[Any, ...]:
+    """:func:`policy.step_kernel.greedy_steps` of one request (its outputs): ``tab`` its
+    :meth:`~policy.features.PairDynamics.table`, ``pre [n, P, H]`` / ``a [n, H]`` the head's static
+    part and task part by row, ``g [H]`` the cluster summary, ``fit [n, P]`` the feasible pairs,
+    ``weights`` :meth:`policy.model.PlacementGNN.numpy_weights` (the one-request decoder of
+    :mod:`policy.gnn` and the batched one share this call)."""
+    table, finish, free_table, cur, fin, free_now = tab
+    keep = fit | ~fit.any(axis=1, keepdims=True)  # rows no pool can hold keep every pool
+    return step_kernel.greedy_steps(
+        pre, np.ascontiguousarray(weights["c_t"][list(DYNAMIC_PAIR_COLUMNS)]), weights["w"], weights["b"], table,
+        finish, free_table, cur, fin, free_now, fb.pairs.ref, fit, ~keep, fb.order, a,
+        np.ascontiguousarray(g, dtype=np.float32), weights["s0_w"], weights["s0_b"], weights["s2_w"],
+        weights["s2_b"], fb.pairs.top, reserve_busy, allow_wait, any(q.busy + q.queued > 0 for q in fb.pools),
+        math.log(hold_ratio), NEG_INF)
+
+
+def row_evidence(rows: np.ndarray, logits: np.ndarray, d: np.ndarray, z: np.ndarray, x_all: np.ndarray,
+                 weights: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The evidence of the chosen ``rows`` from what each one's step kept (``logits [n, P]``,
+    dynamic columns ``d [n, P, 5]``, hidden layer ``z [n, P, H]``; indexed by row) and the
+    features at an empty backlog ``x_all``: ``(probs [r, P], pair features [r, P, F], gradient x
+    input [r, P, F])``. d logit[p] / d x[p] = C^T (w * 1[z[p] > 0]): exact, and nearly free."""
+    x = x_all[rows]
+    x[..., list(DYNAMIC_PAIR_COLUMNS)] = d[rows]
+    contrib = ((z[rows] > 0) * weights["w"]) @ np.ascontiguousarray(weights["c_t"].T) * x
+    return softmax_rows(logits[rows]), x, contrib
+
+
+def softmax_rows(x: np.ndarray) -> np.ndarray:
+    """Softmax of each row of ``x [r, P]``."""
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ import torch
 from torch import Tensor
 
 from policy import step_kernel as step_kernel_mod
-from policy.batch_decoder import decode_greedy, upload
+from policy.batch_decoder import compiled_steps, decode_greedy, row_evidence, softmax_rows, upload
 from policy.checkpoint import Checkpoint, load_checkpoint
 from policy.config import STEP_KERNELS
 from policy.features import (
@@ -249,7 +249,6 @@ class GNNPlacer:
         x_all, m_all = pair_rows(fb.pairs, every, dynamics.placed, dynamics(every))  # [R, P, F]
         c_t = wt["c_t"]
         c_dyn = c_t[dyn]  # [5, H]
-        c_tt = c_t.T.copy()  # [H, F]
         w, w_b = wt["w"], wt["b"]
         static_x = x_all.copy()
         static_x[..., dyn] = 0.0
@@ -263,18 +262,15 @@ class GNNPlacer:
         # the steps from what each step kept of its chosen row.
         tab = dynamics.table() if temp == 0 and not record and self.step_kernel == "compiled" else None
         if tab is not None:  # the same steps in one compiled call
-            table, finish, free_table, cur, fin, free_now = tab
             (actions, sent, n_sent, resv, n_resv, d_kept, z_kept, logits_kept, held, n_held,
-             held_logits) = step_kernel_mod.greedy_steps(
-                pre, c_dyn, w, w_b, table, finish, free_table, cur, fin, free_now, fb.pairs.ref, m_all,
-                ~keep_all, rows, a_np, g_np, wt["s0_w"], wt["s0_b"], wt["s2_w"], wt["s2_b"],
-                fb.pairs.top, self.reserve_busy, self.allow_wait, busy_anywhere, math.log(self.hold_ratio), NEG_INF)
+             held_logits) = compiled_steps(fb, tab, pre, a_np, g_np, m_all, wt, allow_wait=self.allow_wait,
+                                           hold_ratio=self.hold_ratio, reserve_busy=self.reserve_busy)
             order, reserved = [int(r) for r in sent[:n_sent]], [int(r) for r in resv[:n_resv]]
             rows = held[:n_held]  # what a stop held (the loop below is skipped)
             if n_held:  # the evidence of held rows, as a stop in the loop below keeps it
-                probs[rows] = _softmax_rows(held_logits[rows])
+                probs[rows] = softmax_rows(held_logits[rows])
                 x = x_all[rows]
-                x[..., dyn] = cur[rows]
+                x[..., dyn] = tab[3][rows]  # the current columns, which the kernel updated in place
                 fb.pair_x[rows], fb.mask[rows] = x, m_all[rows]
         else:
             d_kept = np.zeros((n, num_pools, len(dyn)), dtype=np.float32)
@@ -316,7 +312,7 @@ class GNNPlacer:
             if choice == stop_col:  # stop: hold every remaining row
                 if record:
                     steps.append(Step(dynamics.placed.copy(), rows.copy(), None, stop_ok, self.reserve_busy))
-                probs[rows] = _softmax_rows(logits)
+                probs[rows] = softmax_rows(logits)
                 x = x_all[rows]
                 x[..., dyn] = d
                 fb.pair_x[rows], fb.mask[rows] = x, m_all[rows]
@@ -335,11 +331,7 @@ class GNNPlacer:
             rows = np.concatenate((rows[:k], rows[k + 1:]))
         if order or reserved:
             done = np.array(order + reserved)
-            probs[done] = _softmax_rows(logits_kept[done])
-            x = x_all[done]
-            x[..., dyn] = d_kept[done]
-            # d logit[p] / d x[p] = C^T (w * 1[z[p] > 0]): exact, and nearly free here.
-            contrib[done] = ((z_kept[done] > 0) * w) @ c_tt * x
+            probs[done], x, contrib[done] = row_evidence(done, logits_kept, d_kept, z_kept, x_all, wt)
             fb.pair_x[done], fb.mask[done] = x, m_all[done]
         actions[reserved] = -1
         return Decoded(fb, actions, steps, total_logp, probs, contrib, order)
@@ -469,12 +461,6 @@ def reserve_busy_of(manifest: Mapping[str, Any]) -> bool:
     """How a checkpoint decodes busy pools: as it was trained (``training.reserve_busy`` in its
     manifest; checkpoints from before the option send every chosen task)."""
     return bool((manifest.get("training") or {}).get("reserve_busy", RESERVE_BUSY))
-
-
-def _softmax_rows(x: np.ndarray) -> np.ndarray:
-    """Softmax of each row of ``x [r, P]``."""
-    e = np.exp(x - x.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
 
 
 def _logsumexp(x: np.ndarray) -> float:
