@@ -12,7 +12,10 @@ concurrent clients. Prints a table and writes JSON (``cases[]`` with ``dag_tasks
 server's own share, ``server_p50_ms`` and ``server_p99_ms``).
 
 ``--soak S`` instead runs one case for ``S`` seconds at ``--rate`` requests/s and reports the
-server's RSS at the start and the end.
+server's RSS at the start, every ``--rss-every`` seconds and at the end. ``--new-run-every K``
+makes each client start a new DAG run every ``K`` requests (a new ``run_key``, its full graph
+sent once, as a scheduler's finished runs give way to new ones), so the server's per-run caches
+fill to their bounds and evict instead of serving the same few runs throughout.
 """
 
 from __future__ import annotations
@@ -228,6 +231,8 @@ class _Load:
     seed: int
     rate_per_client: float | None
     deadline_ms: float
+    #: start a new DAG run (same shape, new run_key) every this many requests; 0: never
+    new_run_every: int = 0
 
 
 def _client(load: _Load, c: int, g: RunGraph, start: Any) -> tuple[list[float], list[float], int]:
@@ -247,7 +252,13 @@ def _client(load: _Load, c: int, g: RunGraph, start: Any) -> tuple[list[float], 
     period = 1.0 / load.rate_per_client if load.rate_per_client else 0.0
     next_t = time.perf_counter()
     end = next_t + load.duration_s
+    base, asked_n = g, 0
     while time.perf_counter() < end:
+        if load.new_run_every and asked_n and asked_n % load.new_run_every == 0:
+            # a new run of the same shape: the server sees a new run_key and gets its full graph
+            g = RunGraph(run_key=f"{base.run_key}/{asked_n // load.new_run_every}", tasks=base.tasks,
+                         edges=base.edges, digest=base.digest)
+        asked_n += 1
         picks = local.choice(len(g.tasks), size=min(load.ready_tasks, len(g.tasks)), replace=False)
         ready = [ReadyTask(g.run_key, g.tasks[int(i)].task_id) for i in picks]
         t0 = time.perf_counter()
@@ -293,13 +304,14 @@ def _clients(load: _Load, ids: list[int], graphs: list[RunGraph], start: Any,
 def run_case(url: str, keys: Keys, catalogue: Catalogue, dag_tasks: int, ready_tasks: int,
              clients: int, duration_s: float, seed: int, device: str,
              rate_per_client: float | None = None, deadline_ms: float = 1000.0,
-             procs: int = 1) -> CaseResult:
+             procs: int = 1, new_run_every: int = 0) -> CaseResult:
     """One case; with ``procs > 1`` the clients run as threads of that many processes (one
     process's threads share its GIL, which caps the load they can offer)."""
     rng = np.random.default_rng(seed)
     # Warm up: every client's graph is sent (and cached server-side) before timing starts.
     graphs = [layered_dag(dag_tasks, f"bench/{dag_tasks}/{seed}/{c}", rng) for c in range(clients)]
-    load = _Load(url, keys, catalogue, ready_tasks, duration_s, seed, rate_per_client, deadline_ms)
+    load = _Load(url, keys, catalogue, ready_tasks, duration_s, seed, rate_per_client, deadline_ms,
+                 new_run_every)
     procs = max(1, min(procs, clients))
     groups = [list(range(clients))[i::procs] for i in range(procs)]
     if procs == 1:
@@ -356,6 +368,37 @@ def _rss_kib(pid: int) -> int:
     return -1
 
 
+class _RssSampler:
+    """Samples a process's RSS (KiB) every ``every_s`` seconds while in its ``with`` block:
+    ``samples`` is ``[[seconds since the start, KiB], ...]``, first at the start, last at the end
+    (empty without a pid: a server not started by the bench)."""
+
+    def __init__(self, pid: int | None, every_s: float) -> None:
+        self.pid, self.every_s = pid, max(every_s, 0.1)
+        self.samples: list[list[float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        if self.pid:
+            self.samples.append([round(time.monotonic() - self._t0, 1), _rss_kib(self.pid)])
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._sample()
+
+    def __enter__(self) -> _RssSampler:
+        self._t0 = time.monotonic()
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+
 @contextlib.contextmanager
 def _stack(args: argparse.Namespace, keys: Keys) -> Iterator[tuple[str, int | None]]:
     """Yield (redis url, first server's pid or None) — private processes unless --redis is given."""
@@ -408,6 +451,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--soak", type=float, default=0.0,
                         help="instead of the cases: run one case this many seconds, report server RSS")
     parser.add_argument("--rate", type=float, default=1000.0, help="soak: total requests per second")
+    parser.add_argument("--rss-every", type=float, default=10.0,
+                        help="soak: seconds between samples of the server's RSS")
+    parser.add_argument("--new-run-every", type=int, default=0,
+                        help="each client starts a new DAG run every this many requests (0: never)")
     parser.add_argument("--out", default="bench-server.json", help="JSON output file")
     parser.add_argument("--server-log", default=None, help="append the private server's log here")
 
@@ -429,14 +476,16 @@ def run(args: argparse.Namespace) -> int:
         device = _server_device(r, keys)
         if args.soak > 0:
             clients = max(_ints(args.clients))
-            rss0 = _rss_kib(pid) if pid else -1
-            res = run_case(url, keys, catalogue, _ints(args.dag_sizes)[0], _ints(args.ready)[0],
-                           clients, args.soak, args.seed, device, rate_per_client=args.rate / clients,
-                           procs=args.client_procs)
-            rss1 = _rss_kib(pid) if pid else -1
+            with _RssSampler(pid, args.rss_every) as rss:
+                res = run_case(url, keys, catalogue, _ints(args.dag_sizes)[0], _ints(args.ready)[0],
+                               clients, args.soak, args.seed, device, rate_per_client=args.rate / clients,
+                               procs=args.client_procs, new_run_every=args.new_run_every)
             doc["soak"] = {**asdict(res), "seconds": args.soak, "target_rate": args.rate,
                            "achieved_rate": round(res.requests / args.soak, 1),
-                           "server_rss_kib_start": rss0, "server_rss_kib_end": rss1}
+                           "new_run_every": args.new_run_every,
+                           "server_rss_kib_start": rss.samples[0][1] if rss.samples else -1,
+                           "server_rss_kib_end": rss.samples[-1][1] if rss.samples else -1,
+                           "server_rss_kib": rss.samples}
             print(json.dumps(doc["soak"], indent=2))
         else:
             print(f"{'dag':>5} {'ready':>5} {'cli':>3} {'reqs':>7} {'p50 ms':>8} {'p99 ms':>8}"

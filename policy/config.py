@@ -74,7 +74,9 @@ class ServerConfig:
     claim_interval_s: float = 0.5
     #: Most graphs kept in the per-run graph cache ...
     graph_cache_entries: int = 4096
-    #: ... and the bound on their estimated size in bytes.
+    #: ... and the bound on their estimated size in bytes: the graphs and what the server derives
+    #: from them (views, run features, GNN embeddings; ``policy.graph_cache.estimate_bytes``,
+    #: ~184 KiB for a 200-task run).
     graph_cache_bytes: int = 256 * 1024 * 1024
     #: Seconds a cached graph lives after its last use.
     graph_cache_ttl_s: float = 3600.0

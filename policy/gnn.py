@@ -174,6 +174,10 @@ class GNNPlacer:
         self._pools.clear()
         self._weights = self.model.numpy_weights()
 
+    def forget_run(self, key: tuple[str, str]) -> None:
+        """Drop the cached embeddings of run ``(run_key, digest)`` (its graph left the server's cache)."""
+        self._embed.discard(key)
+
     # --- decoding ------------------------------------------------------------------------------
 
     def _run_embeddings(self, fb: FeatureBatch) -> tuple[Tensor, Tensor]:

@@ -88,6 +88,13 @@ class GraphMemo(Generic[T]):
         hit = self._entries.get(key)
         return hit if hit is not None else self._entries.put(key, self._build(graph))
 
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        return key in self._entries
+
+    def discard(self, key: tuple[str, str]) -> None:
+        """Forget the ``(run_key, digest)`` entry (the server's graph cache dropped that graph)."""
+        self._entries.discard(key)
+
 
 #: The :class:`GraphView` of a graph, cached.
 view: GraphMemo[GraphView] = GraphMemo(_build, 4096)

@@ -31,8 +31,15 @@ class LRU(Generic[K, V]):
             self._entries.popitem(last=False)
         return value
 
+    def discard(self, key: K) -> None:
+        """Forget ``key`` if present."""
+        self._entries.pop(key, None)
+
     def clear(self) -> None:
         self._entries.clear()
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries

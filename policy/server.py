@@ -51,6 +51,7 @@ from policy.arbiter import Arbiter, ArbiterConfig
 from policy.catalogue import Catalogue, load_catalogue
 from policy.config import ServerConfig, add_config_arguments
 from policy.errors import CheckpointError, PolicyError, SchemaError
+from policy.features import run_features
 from policy.graph import view
 from policy.graph_cache import GraphCache
 from policy.metrics import MetricsServer, ServerMetrics
@@ -120,6 +121,7 @@ class PolicyServer:
             max_entries=config.graph_cache_entries,
             max_bytes=config.graph_cache_bytes,
             ttl_s=config.graph_cache_ttl_s,
+            on_drop=self._forget_run,
         )
         self.arbiter = Arbiter(
             ArbiterConfig(
@@ -347,6 +349,15 @@ class PolicyServer:
                 if name == self.keys.group:
                     self.metrics.pending.set(g.get("pending") or 0)
                     self.metrics.queue_depth.set(g.get("lag") or 0)
+
+    def _forget_run(self, key: tuple[str, str]) -> None:
+        """A graph left the cache: drop what was derived from it, so the cache's bounds hold for
+        the whole of a run's memory (see :mod:`policy.graph_cache`)."""
+        view.discard(key)
+        run_features.discard(key)
+        forget = getattr(self.placer, "forget_run", None)
+        if forget is not None:
+            forget(key)
 
     def _swap(self, model: LoadedModel) -> None:
         old = self.version

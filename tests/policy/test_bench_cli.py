@@ -32,3 +32,24 @@ def test_bench_measures_a_private_stack_and_splits_the_round_trip(tmp_path: Path
         assert 0 < case["server_p50_ms"] < case["p50_ms"]
         assert case["server_p50_ms"] <= case["server_p99_ms"] < case["p99_ms"]
     assert "srv p99" in proc.stdout
+
+
+def test_soak_samples_rss_and_turns_runs_over(tmp_path: Path) -> None:
+    """``--soak`` samples the server's RSS through the run; ``--new-run-every`` starts new DAG runs
+    (each a full graph the server has not seen), so the server's graph cache fills and evicts."""
+    out = tmp_path / "soak.json"
+    log = tmp_path / "server.log"
+    proc = subprocess.run(
+        [sys.executable, "-m", "policy.cli", "--log-level", "WARNING", "bench", "--placer", "eft",
+         "--device", "cpu", "--dag-sizes", "50", "--ready", "2", "--clients", "2", "--soak", "2",
+         "--rate", "200", "--rss-every", "0.5", "--new-run-every", "5", "--out", str(out),
+         "--server-log", str(log)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    soak = json.loads(out.read_text())["soak"]
+    assert soak["errors"] == 0 and soak["requests"] > 50 and soak["new_run_every"] == 5
+    samples = soak["server_rss_kib"]
+    assert len(samples) >= 4 and samples[0][0] == 0.0 and samples[-1][0] >= 2.0
+    assert all(kib > 10_000 for _, kib in samples)
+    assert soak["server_rss_kib_start"] == samples[0][1] and soak["server_rss_kib_end"] == samples[-1][1]
