@@ -217,6 +217,8 @@ class CaseResult:
     #: client's JSON, the operating system's scheduling)
     server_p50_ms: float = float("nan")
     server_p99_ms: float = float("nan")
+    #: the slowest round trip (a pause of the server, e.g. a garbage collection, shows here first)
+    max_ms: float = float("nan")
 
 
 @dataclass(frozen=True)
@@ -351,6 +353,7 @@ def run_case(url: str, keys: Keys, catalogue: Catalogue, dag_tasks: int, ready_t
         mean_ms=round(float(all_ms.mean()), 3) if n else float("nan"),
         decisions_per_s=round(n * ready_tasks / wall, 1), errors=sum(e for _, _, e in results),
         device=device, server_p50_ms=pct(server_ms, 50), server_p99_ms=pct(server_ms, 99),
+        max_ms=round(float(all_ms.max()), 3) if n else float("nan"),
     )
 
 

@@ -80,6 +80,11 @@ class ServerMetrics:
         self.graph_cache_bytes = Gauge(
             "drl_policy_graph_cache_bytes", "Estimated memory of the per-run graph cache", registry=r
         )
+        self.gc_pause = Histogram(
+            "drl_policy_gc_pause_seconds",
+            "Between-batch garbage collections before freezing their survivors (gc_freeze_s)",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )
         self.model_info = Gauge(
             "drl_policy_model_info", "The model being served (value 1)", ["version", "device"], registry=r
         )

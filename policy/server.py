@@ -171,6 +171,8 @@ class PolicyServer:
         self._claim_cursor = "0-0"
         self._next_claim = 0.0
         self._next_heartbeat = 0.0
+        self._next_freeze = 0.0
+        self._next_full_gc = time.monotonic() + config.gc_full_s
         self._rng = random.Random(config.seed)
         self.started_at = time.time()
         self.batches = 0
@@ -336,6 +338,8 @@ class PolicyServer:
                 self.metrics.model_swaps.inc()
                 self.metrics.set_model(self.version, self.device)
         now = time.monotonic()
+        if self.config.gc_freeze_s > 0 and now >= self._next_freeze:
+            self._collect_and_freeze(now)
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + self.config.heartbeat_s
             self.cache.expire()
@@ -358,6 +362,21 @@ class PolicyServer:
         forget = getattr(self.placer, "forget_run", None)
         if forget is not None:
             forget(key)
+
+    def _collect_and_freeze(self, now: float) -> None:
+        """Collect what was made since the last freeze, then freeze the survivors (the graphs
+        cached meanwhile, mostly): later collections scan only newer objects, so a full collection
+        costs what the last interval made instead of the whole graph cache. Objects frozen still
+        die by reference counting; a cycle formed among them waits for the next full collection
+        (every ``gc_full_s``)."""
+        self._next_freeze = now + self.config.gc_freeze_s
+        if self.config.gc_full_s > 0 and now >= self._next_full_gc:
+            self._next_full_gc = now + self.config.gc_full_s
+            gc.unfreeze()
+        t0 = time.perf_counter()
+        gc.collect()
+        gc.freeze()
+        self.metrics.gc_pause.observe(time.perf_counter() - t0)
 
     def _swap(self, model: LoadedModel) -> None:
         old = self.version
