@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii as _json_string
 from typing import Any, Mapping, Sequence, Union
 
 from policy.errors import SchemaError
@@ -164,6 +165,17 @@ class TaskNode:
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any], where: str = "task") -> TaskNode:
+        if type(obj) is dict:  # what the executor sends: every number a float, checked at once
+            get = obj.get
+            tid, kind, pool = get("task_id"), get("kind", "default"), get("pool")
+            d, c, m = get("duration_s", 60.0), get("cpus", 1.0), get("memory_gb", 1.0)
+            g, p = get("gpus", 0.0), get("priority", 1.0)
+            if (type(tid) is str and tid and type(kind) is str and kind
+                    and (pool is None or (type(pool) is str and pool))
+                    and type(d) is float and type(c) is float and type(m) is float
+                    and type(g) is float and type(p) is float
+                    and math.isfinite(d + c + m + g + p) and min(d, c, m, g, p) >= 0.0):
+                return cls(tid, d, c, m, g, p, kind, pool)
         return cls(
             task_id=_str(obj, "task_id", where),
             duration_s=_num(obj, "duration_s", where, default=60.0),
@@ -219,6 +231,9 @@ class RunGraph:
         )
         edges: list[tuple[int, int]] = []
         for i, e in enumerate(_list(obj, "edges", where, limit=MAX_TASKS_PER_RUN * 64)):
+            if type(e) is list and len(e) == 2 and type(e[0]) is int and type(e[1]) is int:
+                edges.append((e[0], e[1]))
+                continue
             if (
                 not isinstance(e, list)
                 or len(e) != 2
@@ -237,7 +252,29 @@ class RunGraph:
 
 
 def graph_digest(tasks: Sequence[TaskNode], edges: Sequence[tuple[int, int]]) -> str:
-    """A stable content hash of a task graph (sha256 of its canonical JSON, 16 hex digits)."""
+    """A stable content hash of a task graph (sha256 of its canonical JSON, 16 hex digits).
+
+    The canonical JSON is ``json.dumps({"tasks": [t.to_json() ...], "edges": [...]},
+    sort_keys=True, separators=(",", ":"))`` (:func:`graph_digest_reference`); the tasks' part
+    is written here directly, in the same bytes, at about twice the speed (the executor hashes
+    every run it builds, the server every graph it is sent). A task with a non-finite number
+    goes the reference way."""
+    parts = []
+    for t in tasks:
+        d, c, m = float(t.duration_s), float(t.cpus), float(t.memory_gb)
+        g, p = float(t.gpus), float(t.priority)
+        if not math.isfinite(d + c + m + g + p):
+            return graph_digest_reference(tasks, edges)
+        pool = "" if t.pool is None else f'"pool":{_json_string(t.pool)},'
+        parts.append(f'{{"cpus":{c!r},"duration_s":{d!r},"gpus":{g!r},"kind":{_json_string(t.kind)},'
+                     f'"memory_gb":{m!r},{pool}"priority":{p!r},"task_id":{_json_string(t.task_id)}}}')
+    blob = ('{"edges":' + json.dumps([list(e) for e in edges], separators=(",", ":"))
+            + ',"tasks":[' + ",".join(parts) + "]}")
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def graph_digest_reference(tasks: Sequence[TaskNode], edges: Sequence[tuple[int, int]]) -> str:
+    """:func:`graph_digest` by its definition (the tests compare the two)."""
     blob = json.dumps(
         {"tasks": [t.to_json() for t in tasks], "edges": [list(e) for e in edges]},
         sort_keys=True,

@@ -100,3 +100,43 @@ def test_pool_constraints_and_affinity() -> None:
     assert gpu.speed_for("gpu_train") == 12.0 and gpu.speed_for("default") == 1.5
     assert not small.fits(TaskNode("p", pool="gpu"))
     assert SCHEMA_VERSION == 1
+
+
+def test_fast_digest_writes_the_reference_bytes() -> None:
+    """graph_digest writes the canonical JSON itself: it must hash the same bytes as the
+    definition (json.dumps with sorted keys) for any content, or executors and servers of
+    different versions would disagree on every RunRef."""
+    import random
+
+    from policy.schema import graph_digest, graph_digest_reference
+
+    rng = random.Random(0)
+    texts = ["t", "a\u00e9\"b\\c", "line\nbreak", "\u4e2d\u6587", "tab\there", "emoji \U0001f600", "x" * 300]
+    numbers = [0.0, 1.0, 1e-7, 2.5, 123456789.123, 1e22, 3.0000000000000004, 7, 0.1 + 0.2]
+    for case in range(300):
+        n = rng.randint(1, 12)
+        tasks = tuple(
+            TaskNode(task_id=f"{rng.choice(texts)}-{i}", duration_s=rng.choice(numbers),
+                     cpus=rng.choice(numbers), memory_gb=rng.choice(numbers), gpus=rng.choice(numbers),
+                     priority=rng.choice(numbers), kind=rng.choice(texts),
+                     pool=rng.choice([None, "gpu", rng.choice(texts)]))
+            for i in range(n))
+        edges = tuple((rng.randrange(i), i) for i in range(1, n) if rng.random() < 0.7)
+        assert graph_digest(tasks, edges) == graph_digest_reference(tasks, edges), case
+    odd = (TaskNode(task_id="inf", duration_s=float("inf")), TaskNode(task_id="nan", cpus=float("nan")))
+    assert graph_digest(odd, ()) == graph_digest_reference(odd, ())
+
+
+def test_fast_task_parsing_accepts_and_refuses_as_the_checks_do() -> None:
+    """TaskNode.from_json's fast path (every number a float) gives what the checked path gives,
+    and anything else goes the checked way: defaults for absent fields, ints, errors."""
+    full = {"task_id": "a", "duration_s": 5.0, "cpus": 2.0, "memory_gb": 4.0, "gpus": 1.0,
+            "priority": 3.0, "kind": "gpu_train", "pool": "gpu"}
+    assert TaskNode.from_json(full) == TaskNode("a", 5.0, 2.0, 4.0, 1.0, 3.0, "gpu_train", "gpu")
+    assert TaskNode.from_json({"task_id": "b"}) == TaskNode("b")
+    assert TaskNode.from_json({"task_id": "c", "duration_s": 10, "pool": None}) == TaskNode("c", duration_s=10.0)
+    for bad, match in (({**full, "cpus": -1.0}, "cpus"), ({**full, "gpus": float("nan")}, "gpus"),
+                       ({**full, "kind": ""}, "kind"), ({**full, "pool": 3}, "pool"),
+                       ({**full, "task_id": ""}, "task_id"), ({**full, "priority": True}, "priority")):
+        with pytest.raises(SchemaError, match=match):
+            TaskNode.from_json(bad)
