@@ -256,7 +256,7 @@ def graph_digest(tasks: Sequence[TaskNode], edges: Sequence[tuple[int, int]]) ->
 
     The canonical JSON is ``json.dumps({"tasks": [t.to_json() ...], "edges": [...]},
     sort_keys=True, separators=(",", ":"))`` (:func:`graph_digest_reference`); the tasks' part
-    is written here directly, in the same bytes, at about twice the speed (the executor hashes
+    is written here directly, in the same bytes, ~1.6x faster (the executor hashes
     every run it builds, the server every graph it is sent). A task with a non-finite number
     goes the reference way."""
     parts = []
