@@ -219,6 +219,8 @@ class CaseResult:
     server_p99_ms: float = float("nan")
     #: the slowest round trip (a pause of the server, e.g. a garbage collection, shows here first)
     max_ms: float = float("nan")
+    #: DAG runs the clients asked about (one each, more with ``new_run_every``)
+    runs: int = 0
 
 
 @dataclass(frozen=True)
@@ -237,8 +239,12 @@ class _Load:
     new_run_every: int = 0
 
 
-def _client(load: _Load, c: int, g: RunGraph, start: Any) -> tuple[list[float], list[float], int]:
-    """One client's loop: ``(round-trip seconds of the good replies, their server_ms, errors)``."""
+#: one client's ``(round-trip seconds of the good replies, their server_ms, errors, runs asked about)``
+_ClientResult = tuple[list[float], list[float], int, int]
+
+
+def _client(load: _Load, c: int, g: RunGraph, start: Any) -> _ClientResult:
+    """One client's loop (see :data:`_ClientResult`)."""
     lat: list[float] = []
     server: list[float] = []
     errors = 0
@@ -254,12 +260,13 @@ def _client(load: _Load, c: int, g: RunGraph, start: Any) -> tuple[list[float], 
     period = 1.0 / load.rate_per_client if load.rate_per_client else 0.0
     next_t = time.perf_counter()
     end = next_t + load.duration_s
-    base, asked_n = g, 0
+    base, asked_n, runs = g, 0, 1
     while time.perf_counter() < end:
         if load.new_run_every and asked_n and asked_n % load.new_run_every == 0:
             # a new run of the same shape: the server sees a new run_key and gets its full graph
-            g = RunGraph(run_key=f"{base.run_key}/{asked_n // load.new_run_every}", tasks=base.tasks,
-                         edges=base.edges, digest=base.digest)
+            g = RunGraph(run_key=f"{base.run_key}/{runs}", tasks=base.tasks, edges=base.edges,
+                         digest=base.digest)
+            runs += 1
         asked_n += 1
         picks = local.choice(len(g.tasks), size=min(load.ready_tasks, len(g.tasks)), replace=False)
         ready = [ReadyTask(g.run_key, g.tasks[int(i)].task_id) for i in picks]
@@ -282,13 +289,13 @@ def _client(load: _Load, c: int, g: RunGraph, start: Any) -> tuple[list[float], 
             if delay > 0:
                 time.sleep(delay)
     r.close()
-    return lat, server, errors
+    return lat, server, errors, runs
 
 
 def _clients(load: _Load, ids: list[int], graphs: list[RunGraph], start: Any,
-             results: Any = None) -> list[tuple[list[float], list[float], int]]:
+             results: Any = None) -> list[_ClientResult]:
     """Clients ``ids`` as threads of this process; their results, also put on ``results``."""
-    out: list[tuple[list[float], list[float], int]] = [([], [], 0)] * len(ids)
+    out: list[_ClientResult] = [([], [], 0, 0)] * len(ids)
 
     def run(j: int) -> None:
         out[j] = _client(load, ids[j], graphs[j], start)
@@ -318,7 +325,7 @@ def run_case(url: str, keys: Keys, catalogue: Catalogue, dag_tasks: int, ready_t
     groups = [list(range(clients))[i::procs] for i in range(procs)]
     if procs == 1:
         start: Any = threading.Barrier(clients + 1)
-        res: list[list[tuple[list[float], list[float], int]]] = []
+        res: list[list[_ClientResult]] = []
         main = threading.Thread(target=lambda: res.append(_clients(load, groups[0], graphs, start)),
                                 daemon=True)
         main.start()
@@ -340,8 +347,8 @@ def run_case(url: str, keys: Keys, catalogue: Catalogue, dag_tasks: int, ready_t
             ch.join()
     wall = time.perf_counter() - t0
     results = [r for group in res for r in group]
-    all_ms = np.array([x for xs, _, _ in results for x in xs]) * 1e3
-    server_ms = np.array([x for _, xs, _ in results for x in xs])
+    all_ms = np.array([x for xs, _, _, _ in results for x in xs]) * 1e3
+    server_ms = np.array([x for _, xs, _, _ in results for x in xs])
     n = len(all_ms)
 
     def pct(a: np.ndarray, q: float) -> float:
@@ -351,7 +358,8 @@ def run_case(url: str, keys: Keys, catalogue: Catalogue, dag_tasks: int, ready_t
         dag_tasks=dag_tasks, ready_tasks=ready_tasks, clients=clients, requests=n,
         p50_ms=pct(all_ms, 50), p99_ms=pct(all_ms, 99),
         mean_ms=round(float(all_ms.mean()), 3) if n else float("nan"),
-        decisions_per_s=round(n * ready_tasks / wall, 1), errors=sum(e for _, _, e in results),
+        decisions_per_s=round(n * ready_tasks / wall, 1), errors=sum(e for _, _, e, _ in results),
+        runs=sum(u for _, _, _, u in results),
         device=device, server_p50_ms=pct(server_ms, 50), server_p99_ms=pct(server_ms, 99),
         max_ms=round(float(all_ms.max()), 3) if n else float("nan"),
     )

@@ -49,6 +49,8 @@ def test_soak_samples_rss_and_turns_runs_over(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     soak = json.loads(out.read_text())["soak"]
     assert soak["errors"] == 0 and soak["requests"] > 50 and soak["new_run_every"] == 5
+    # each client moved to a new run every 5 requests (its count rounds per client)
+    assert soak["requests"] // 5 - 2 <= soak["runs"] <= soak["requests"] // 5 + 2
     samples = soak["server_rss_kib"]
     assert len(samples) >= 4 and samples[0][0] == 0.0 and samples[-1][0] >= 2.0
     assert all(kib > 10_000 for _, kib in samples)
