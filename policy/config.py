@@ -97,7 +97,7 @@ class ServerConfig:
     skew_fallback_n: int = 32
     #: Seconds between collections of the objects made since the last one, after which the
     #: survivors are frozen (``gc.freeze``) out of later collections: a full collection otherwise
-    #: rescans every cached graph (~90 ms with a full cache of 200-task runs). 0: Python's own GC.
+    #: rescans every cached graph (up to ~200 ms with a full cache of 200-task runs). 0: Python's own GC.
     gc_freeze_s: float = 1.0
     #: Seconds between full collections of everything, frozen objects included (reclaims any cycle
     #: that formed among frozen objects; one full-cache pause per interval). 0: never.

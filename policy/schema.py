@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from json.encoder import encode_basestring_ascii as _json_string
 from typing import Any, Mapping, Sequence, Union
 
@@ -165,11 +165,12 @@ class TaskNode:
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any], where: str = "task") -> TaskNode:
+        dft = _TASK_DEFAULTS
         if type(obj) is dict:  # what the executor sends: every number a float, checked at once
             get = obj.get
-            tid, kind, pool = get("task_id"), get("kind", "default"), get("pool")
-            d, c, m = get("duration_s", 60.0), get("cpus", 1.0), get("memory_gb", 1.0)
-            g, p = get("gpus", 0.0), get("priority", 1.0)
+            tid, kind, pool = get("task_id"), get("kind", dft["kind"]), get("pool")
+            d, c, m = get("duration_s", dft["duration_s"]), get("cpus", dft["cpus"]), get("memory_gb", dft["memory_gb"])
+            g, p = get("gpus", dft["gpus"]), get("priority", dft["priority"])
             if (type(tid) is str and tid and type(kind) is str and kind
                     and (pool is None or (type(pool) is str and pool))
                     and type(d) is float and type(c) is float and type(m) is float
@@ -178,14 +179,18 @@ class TaskNode:
                 return cls(tid, d, c, m, g, p, kind, pool)
         return cls(
             task_id=_str(obj, "task_id", where),
-            duration_s=_num(obj, "duration_s", where, default=60.0),
-            cpus=_num(obj, "cpus", where, default=1.0),
-            memory_gb=_num(obj, "memory_gb", where, default=1.0),
-            gpus=_num(obj, "gpus", where, default=0.0),
-            priority=_num(obj, "priority", where, default=1.0),
-            kind=_str(obj, "kind", where, default="default"),
+            duration_s=_num(obj, "duration_s", where, default=dft["duration_s"]),
+            cpus=_num(obj, "cpus", where, default=dft["cpus"]),
+            memory_gb=_num(obj, "memory_gb", where, default=dft["memory_gb"]),
+            gpus=_num(obj, "gpus", where, default=dft["gpus"]),
+            priority=_num(obj, "priority", where, default=dft["priority"]),
+            kind=_str(obj, "kind", where, default=dft["kind"]),
             pool=_opt_str(obj, "pool", where),
         )
+
+
+#: TaskNode's field defaults, the ones from_json fills in for absent keys
+_TASK_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(TaskNode)}
 
 
 @dataclass(frozen=True)

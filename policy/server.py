@@ -338,8 +338,7 @@ class PolicyServer:
                 self.metrics.model_swaps.inc()
                 self.metrics.set_model(self.version, self.device)
         now = time.monotonic()
-        if self.config.gc_freeze_s > 0 and now >= self._next_freeze:
-            self._collect_and_freeze(now)
+        self._collect_and_freeze(now)
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + self.config.heartbeat_s
             self.cache.expire()
@@ -364,11 +363,13 @@ class PolicyServer:
             forget(key)
 
     def _collect_and_freeze(self, now: float) -> None:
-        """Collect what was made since the last freeze, then freeze the survivors (the graphs
-        cached meanwhile, mostly): later collections scan only newer objects, so a full collection
-        costs what the last interval made instead of the whole graph cache. Objects frozen still
-        die by reference counting; a cycle formed among them waits for the next full collection
-        (every ``gc_full_s``)."""
+        """When due (every ``gc_freeze_s``; never if 0): collect what was made since the last
+        freeze, then freeze the survivors (the graphs cached meanwhile, mostly): later collections
+        scan only newer objects, so a full collection costs what the last interval made instead of
+        the whole graph cache. Objects frozen still die by reference counting; a cycle formed
+        among them waits for the next full collection (every ``gc_full_s``)."""
+        if self.config.gc_freeze_s <= 0 or now < self._next_freeze:
+            return
         self._next_freeze = now + self.config.gc_freeze_s
         if self.config.gc_full_s > 0 and now >= self._next_full_gc:
             self._next_full_gc = now + self.config.gc_full_s
