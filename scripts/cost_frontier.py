@@ -1,13 +1,14 @@
 """Where does the money go, and how much of it can a placement rule save? (issue 4's cost goal)
 
-    python scripts/cost_frontier.py [--lams 300,500] [--seeds 0 1] [--load 0.85] [--jobs 2]
+    python scripts/cost_frontier.py [--lams 300,500] [--cp 2,3-free] [--seeds 0 1] [--load 0.85] [--jobs 2]
 
 Simulates the held-out settings of the benchmark (Epigenomics traces, BWA and SoyKB recipes of
 ~200 tasks; GPU-affinity cluster, duration noise 0.3, 30 DAG runs per stream, the streams
-``drl-trainer bench`` draws for ``--seed S``) under the cost-blind list rules, ``cost-aware``
-and a *boot-aware* EFT rule, and prints each policy's mean JCT and cost (total and per pool)
-with both as ratios to the cost-blind per-setting best (the lowest mean JCT of ``srpt+eft``,
-``rcp+eft``, ``fifo+eft``).
+``drl-trainer bench`` draws for ``--seed S``) under the cost-blind list rules, ``cost-aware``,
+``cost-cp`` and a *boot-aware* EFT rule, and prints each policy's mean JCT and cost (total and
+per pool, with the share of the pool's billed slot-seconds that ran a task) with both as ratios
+to the cost-blind per-setting best (the lowest mean JCT of ``srpt+eft``, ``rcp+eft``,
+``fifo+eft``).
 
 The boot-aware rule (``boot-<lam>``) is ``srpt+eft`` with a pool's estimated finish charged
 ``lam`` seconds per dollar of VM time the choice commits: a free slot of a live worker costs the
@@ -26,7 +27,7 @@ from concurrent.futures import ProcessPoolExecutor
 from policy.catalogue import Catalogue, load_catalogue
 from policy.schema import PoolState, ReadyTask, TaskNode
 from trainer.baselines import make_placer
-from trainer.baselines.rules import INF, ListScheduler, run_time
+from trainer.baselines.rules import INF, CriticalPathCost, ListScheduler, run_time
 from trainer.bench import setting_jobs
 from trainer.simulator import SimConfig, Simulator
 
@@ -83,15 +84,23 @@ class BootAware(ListScheduler):
             self._reserve(ready, p, finish)
 
 
-def simulate(args: tuple[str, int, str, int, str, float]) -> tuple[int, int, str, float, float, dict[str, float]]:
+def simulate(
+    args: tuple[str, int, str, int, str, float],
+) -> tuple[int, int, str, float, float, dict[str, tuple[float, float, float]]]:
     spec, pos, pools, seed, name, load = args
     catalogue = load_catalogue(pools)
     jobs = setting_jobs(spec, pos, seed, catalogue, 30, load)
-    placer = BootAware(catalogue, float(name[5:])) if name.startswith("boot-") else make_placer(name, catalogue, seed)
+    if name.startswith("boot-"):
+        placer = BootAware(catalogue, float(name[5:]))
+    elif name.startswith("cp-"):  # cost-cp variants: cp-<ratio>[-free]
+        ratio, _, free = name[3:].partition("-")
+        placer = CriticalPathCost(catalogue, ratio=float(ratio), premium_free_slots=free == "free")
+    else:
+        placer = make_placer(name, catalogue, seed)
     sim = Simulator(catalogue, jobs, placer, seed=seed, config=SimConfig(duration_noise=0.3))
     res = sim.run()
     jct = sum(j.jct_s for j in res.jobs) / len(res.jobs)
-    return pos, seed, name, jct, res.cost, {p.name: p.cost for p in sim._pools}
+    return pos, seed, name, jct, res.cost, {p.name: (p.cost, p.busy_slot_s, p.capacity_slot_s) for p in sim._pools}
 
 
 def main() -> None:
@@ -99,10 +108,13 @@ def main() -> None:
     ap.add_argument("--lams", default="300,500", help="comma list of boot-aware weights (s per $)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--load", type=float, default=0.85)
+    ap.add_argument("--cp", default="", help="comma list of cost-cp variants: RATIO or RATIO-free "
+                    "(tasks with slack may also take a premium pool's free slot)")
     ap.add_argument("--pools", default="policy/catalogues/gpu-affinity.yaml")
     ap.add_argument("--jobs", type=int, default=1)
     args = ap.parse_args()
-    names = [*COST_BLIND, "cost-aware", *(f"boot-{float(x):g}" for x in args.lams.split(",") if x)]
+    names = [*COST_BLIND, "cost-aware", "cost-cp", *(f"boot-{float(x):g}" for x in args.lams.split(",") if x),
+             *(f"cp-{x}" for x in args.cp.split(",") if x)]
     specs = settings()
     work = [(spec, pos, args.pools, s, n, args.load) for pos, spec in enumerate(specs)
             for s in args.seeds for n in names]
@@ -114,8 +126,9 @@ def main() -> None:
         a = agg.setdefault((pos, name), [0.0, 0.0, {}])
         a[0] += jct / k
         a[1] += cost / k
-        for pool, c in per.items():
-            a[2][pool] = a[2].get(pool, 0.0) + c / k
+        for pool, (c, busy, billed) in per.items():
+            old = a[2].get(pool, (0.0, 0.0, 0.0))
+            a[2][pool] = (old[0] + c / k, old[1] + busy, old[2] + billed)
     print(f"seeds {args.seeds}, load {args.load}; ratios to the cost-blind per-setting best (lowest mean JCT)")
     for pos, label in enumerate(NAMES):
         ref = min(COST_BLIND, key=lambda n: agg[(pos, n)][0])
@@ -123,7 +136,8 @@ def main() -> None:
         print(f"{label} (best: {ref}, {j0:.1f} s, ${c0:.2f})")
         for name in names:
             jct, cost, per = agg[(pos, name)]
-            pools = "  ".join(f"{p} ${c:.2f}" for p, c in per.items())
+            pools = "  ".join(f"{p} ${c:.2f} ({busy / max(billed, 1e-9):.0%} busy)"
+                              for p, (c, busy, billed) in per.items())
             print(f"  {name:12s} JCT {jct:8.1f} s ({jct / j0:.3f})  cost ${cost:7.2f} ({cost / c0:.3f})  {pools}")
 
 

@@ -82,3 +82,34 @@ def test_rollout_planner_searches_on_forks():
     placer = make_placer("rollout", cat)
     result = Simulator(cat, jobs, placer, seed=2, duration_noise=0.3).run()
     check_conservation(jobs, result, cat)
+
+
+def test_cost_cp_keeps_premium_pools_for_the_critical_path():
+    """``cost-cp``: a task with slack never takes a pool priced > 3x the cheapest per unit of its
+    work; the critical-path task may (and ``srpt+eft`` sends both there)."""
+    from policy.schema import PlacementRequest, PoolState, ReadyTask, RunGraph, TaskNode
+
+    small = PoolState("small", "s", slots=2, cpus=4, memory_gb=16, speed=1.0, price_per_hour=0.17)
+    gpu = PoolState("gpu", "g", slots=2, cpus=8, memory_gb=64, gpus=1, speed=1.5, price_per_hour=1.2)
+    # a -> c is the critical path (10 + 100 s); b (20 s) has 90 s of slack
+    tasks = (TaskNode("a", duration_s=10), TaskNode("b", duration_s=20), TaskNode("c", duration_s=100))
+    g = RunGraph("d/r", tasks, ((0, 2),))
+    req = PlacementRequest("q", (ReadyTask("d/r", "a"), ReadyTask("d/r", "b")), (small, gpu))
+
+    def placed(name: str) -> dict[str, str]:
+        return {d.task_id: d.pool for d in make_placer(name, None).place(req, {"d/r": g})}
+
+    assert placed("srpt+eft") == {"a": "gpu", "b": "gpu"}
+    assert placed("cost-cp") == {"a": "gpu", "b": "small"}
+    # a pool priced within the ratio is no premium: both tasks stay on their fastest pool
+    cheap_gpu = PoolState("gpu", "g", slots=2, cpus=8, memory_gb=64, gpus=1, speed=1.5, price_per_hour=0.5)
+    req2 = PlacementRequest("q", req.ready, (small, cheap_gpu))
+    got = {d.task_id: d.pool for d in make_placer("cost-cp", None).place(req2, {"d/r": g})}
+    assert got == {"a": "gpu", "b": "gpu"}
+    from trainer.baselines.rules import CriticalPathCost
+
+    # allowed a premium pool's free slot, the task with slack takes it (no worker boots for it)
+    got = {d.task_id: d.pool for d in CriticalPathCost(None, premium_free_slots=True).place(req, {"d/r": g})}
+    assert got == {"a": "gpu", "b": "gpu"}
+    with pytest.raises(ValueError, match="ratio"):
+        CriticalPathCost(None, ratio=0.5)

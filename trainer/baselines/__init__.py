@@ -17,6 +17,7 @@ from trainer.baselines.rules import (
     ORDERS,
     PLACEMENTS,
     CostAware,
+    CriticalPathCost,
     Fifo,
     ListScheduler,
     MinMin,
@@ -25,7 +26,7 @@ from trainer.baselines.rules import (
     StaticQueue,
 )
 
-SIMPLE = ("random", "round-robin", "static", "fifo", "eft", "heft", "cpop", "min-min", "cost-aware")
+SIMPLE = ("random", "round-robin", "static", "fifo", "eft", "heft", "cpop", "min-min", "cost-aware", "cost-cp")
 LIST_RULES = tuple(f"{o}+{p}" for o in ORDERS for p in PLACEMENTS)
 #: every baseline except the slow rollout planner, in table order
 BASELINES = SIMPLE + LIST_RULES
@@ -72,6 +73,8 @@ def make_placer(name: str, catalogue: Catalogue | None = None, seed: int = 0,
         return MinMin(catalogue)
     if name == "cost-aware":
         return CostAware(catalogue)
+    if name == "cost-cp":
+        return CriticalPathCost(catalogue)
     if name == "rollout":
         from trainer.baselines.rollout import RolloutPlanner
 

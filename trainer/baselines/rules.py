@@ -1,5 +1,6 @@
 """Dispatch rules as :class:`~policy.placement.Placer`\\ s: random, round-robin, static queue, FIFO,
-list scheduling (a job order x a placement), min-min and a cost-aware rule.
+list scheduling (a job order x a placement), min-min and two cost-aware rules (``cost-aware``,
+``cost-cp``).
 
 Every rule sees only the request (and the catalogue an operator would configure it with) and
 keeps a :class:`~trainer.baselines.ledger.Ledger` of its own decisions. Rules that *wait* for a
@@ -273,6 +274,63 @@ class CostAware(ListScheduler):
                 self._send(out, ready, p, run_time(task, p), f"cheapest within {self.slack:.0%} of eft")
             else:
                 self._reserve(ready, p, f)
+        return out
+
+
+class CriticalPathCost(ListScheduler):
+    """``srpt+eft`` that keeps premium-priced pools for critical-path tasks (``cost-cp``).
+
+    A pool is *premium* for a task when its price per unit of that task's work (price per hour
+    / speed for the task's kind) is more than ``ratio`` x the cheapest feasible pool's. A task
+    off its run's critical path (its upward rank below the longest upward rank among the run's
+    ready and running tasks by more than ``crit_slack_s`` at its fastest pool's speed) never
+    goes to a premium pool (with ``premium_free_slots``, only to one that has a free slot, so
+    that no worker boots for it); a critical-path task may. Everything else is ``srpt+eft``.
+
+    Why it saves money on elastic pools: a worker the autoscaler boots is removed only after
+    ``idle_scale_down_s`` of surplus, which a stream of arrivals rarely leaves it, so using a
+    premium pool for work that has slack keeps its workers billed for the rest of the stream;
+    critical-path tasks are the ones whose finish sets the run's. The idea is the partial
+    critical paths of IC-PCP (Abrishami et al. 2013): cheap resources for work with slack.
+    """
+
+    def __init__(self, catalogue: Catalogue | None = None, ratio: float = 3.0,
+                 crit_slack_s: float = 0.0, premium_free_slots: bool = False) -> None:
+        super().__init__("srpt", "eft", catalogue)
+        if ratio < 1.0 or crit_slack_s < 0.0:
+            raise ValueError(f"cost-cp needs ratio >= 1 and crit_slack_s >= 0, got {ratio}, {crit_slack_s}")
+        self.ratio, self.crit_slack_s, self.premium_free_slots = ratio, crit_slack_s, premium_free_slots
+        self.name = "cost-cp"
+
+    def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
+        self._begin(request)
+        self._live = request.ready
+        items = _items(request, graphs)
+        self.sort(items, request)
+        progress = {p.run_key: p for p in request.progress}
+        crit: dict[str, float] = {}  # run -> longest upward rank among its ready and running tasks
+        for ready, _, g, i in items:
+            rk = ready.run_key
+            cur = crit.get(rk)
+            if cur is None:
+                prog = progress.get(rk)
+                cur = max((g.rank[g.index[t]] for t in prog.running if t in g.index), default=0.0) if prog else 0.0
+            crit[rk] = max(cur, g.rank[i])
+        out: list[Decision] = []
+        for ready, task, g, i in items:
+            if not self._any_slot(request):
+                break
+            pools = feasible(task, request.pools)
+            if len(pools) > 1:
+                per_work = [p.price_per_hour / p.speed_for(task.kind) for p in pools]
+                fastest = max(p.speed_for(task.kind) for p in pools)
+                slack_s = (crit[ready.run_key] - g.rank[i]) / fastest
+                if slack_s > self.crit_slack_s:
+                    cap = self.ratio * min(per_work)
+                    led = self.ledger
+                    pools = [p for p, c in zip(pools, per_work, strict=True)
+                             if c <= cap or (self.premium_free_slots and led.has_free_slot(p))]
+            self._place_eft(out, ready, task, pools, None)
         return out
 
 
