@@ -1,14 +1,15 @@
 """Where does the money go, and how much of it can a placement rule save? (issue 4's cost goal)
 
-    python scripts/cost_frontier.py [--lams 300,500] [--cp 2,3-free] [--seeds 0 1] [--load 0.85] [--jobs 2]
+    python scripts/cost_frontier.py [--lams 300,500] [--cp 2,3-free] [--checkpoints DIR,...]
+        [--seeds 0 1] [--load 0.85] [--jobs 2]
 
 Simulates the held-out settings of the benchmark (Epigenomics traces, BWA and SoyKB recipes of
 ~200 tasks; GPU-affinity cluster, duration noise 0.3, 30 DAG runs per stream, the streams
 ``drl-trainer bench`` draws for ``--seed S``) under the cost-blind list rules, ``cost-aware``,
 ``cost-cp`` and a *boot-aware* EFT rule, and prints each policy's mean JCT and cost (total and
-per pool, with the share of the pool's billed slot-seconds that ran a task) with both as ratios
-to the cost-blind per-setting best (the lowest mean JCT of ``srpt+eft``, ``rcp+eft``,
-``fifo+eft``).
+per pool, with the share of the pool's billed slot-seconds that ran a task and the tasks it ran)
+with both as ratios to the cost-blind per-setting best (the lowest mean JCT of ``srpt+eft``,
+``rcp+eft``, ``fifo+eft``); ``--checkpoints`` adds learned policies.
 
 The boot-aware rule (``boot-<lam>``) is ``srpt+eft`` with a pool's estimated finish charged
 ``lam`` seconds per dollar of VM time the choice commits: a free slot of a live worker costs the
@@ -22,9 +23,11 @@ from __future__ import annotations
 
 import argparse
 import glob
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 
 from policy.catalogue import Catalogue, load_catalogue
+from policy.placement import Placer
 from policy.schema import PoolState, ReadyTask, TaskNode
 from trainer.baselines import make_placer
 from trainer.baselines.rules import INF, CriticalPathCost, ListScheduler, run_time
@@ -86,21 +89,26 @@ class BootAware(ListScheduler):
 
 def simulate(
     args: tuple[str, int, str, int, str, float],
-) -> tuple[int, int, str, float, float, dict[str, tuple[float, float, float]]]:
+) -> tuple[int, int, str, float, float, dict[str, tuple[float, float, float, int]]]:
     spec, pos, pools, seed, name, load = args
     catalogue = load_catalogue(pools)
     jobs = setting_jobs(spec, pos, seed, catalogue, 30, load)
+    placer: Placer
     if name.startswith("boot-"):
         placer = BootAware(catalogue, float(name[5:]))
     elif name.startswith("cp-"):  # cost-cp variants: cp-<ratio>[-free]
         ratio, _, free = name[3:].partition("-")
         placer = CriticalPathCost(catalogue, ratio=float(ratio), premium_free_slots=free == "free")
+    elif name.startswith("drl:"):  # a learned policy: drl:CHECKPOINT
+        placer = make_placer("drl", catalogue, seed, checkpoint=name[4:])
     else:
         placer = make_placer(name, catalogue, seed)
     sim = Simulator(catalogue, jobs, placer, seed=seed, config=SimConfig(duration_noise=0.3))
     res = sim.run()
     jct = sum(j.jct_s for j in res.jobs) / len(res.jobs)
-    return pos, seed, name, jct, res.cost, {p.name: (p.cost, p.busy_slot_s, p.capacity_slot_s) for p in sim._pools}
+    tasks = Counter(t.pool for t in res.tasks)
+    return pos, seed, name, jct, res.cost, {p.name: (p.cost, p.busy_slot_s, p.capacity_slot_s, tasks[p.name])
+                                            for p in sim._pools}
 
 
 def main() -> None:
@@ -110,11 +118,13 @@ def main() -> None:
     ap.add_argument("--load", type=float, default=0.85)
     ap.add_argument("--cp", default="", help="comma list of cost-cp variants: RATIO or RATIO-free "
                     "(tasks with slack may also take a premium pool's free slot)")
+    ap.add_argument("--checkpoints", default="", help="comma list of learned-policy checkpoints to add")
     ap.add_argument("--pools", default="policy/catalogues/gpu-affinity.yaml")
     ap.add_argument("--jobs", type=int, default=1)
     args = ap.parse_args()
     names = [*COST_BLIND, "cost-aware", "cost-cp", *(f"boot-{float(x):g}" for x in args.lams.split(",") if x),
-             *(f"cp-{x}" for x in args.cp.split(",") if x)]
+             *(f"cp-{x}" for x in args.cp.split(",") if x),
+             *(f"drl:{x}" for x in args.checkpoints.split(",") if x)]
     specs = settings()
     work = [(spec, pos, args.pools, s, n, args.load) for pos, spec in enumerate(specs)
             for s in args.seeds for n in names]
@@ -126,9 +136,9 @@ def main() -> None:
         a = agg.setdefault((pos, name), [0.0, 0.0, {}])
         a[0] += jct / k
         a[1] += cost / k
-        for pool, (c, busy, billed) in per.items():
-            old = a[2].get(pool, (0.0, 0.0, 0.0))
-            a[2][pool] = (old[0] + c / k, old[1] + busy, old[2] + billed)
+        for pool, (c, busy, billed, n) in per.items():
+            old = a[2].get(pool, (0.0, 0.0, 0.0, 0))
+            a[2][pool] = (old[0] + c / k, old[1] + busy, old[2] + billed, old[3] + n)
     print(f"seeds {args.seeds}, load {args.load}; ratios to the cost-blind per-setting best (lowest mean JCT)")
     for pos, label in enumerate(NAMES):
         ref = min(COST_BLIND, key=lambda n: agg[(pos, n)][0])
@@ -136,8 +146,8 @@ def main() -> None:
         print(f"{label} (best: {ref}, {j0:.1f} s, ${c0:.2f})")
         for name in names:
             jct, cost, per = agg[(pos, name)]
-            pools = "  ".join(f"{p} ${c:.2f} ({busy / max(billed, 1e-9):.0%} busy)"
-                              for p, (c, busy, billed) in per.items())
+            pools = "  ".join(f"{p} ${c:.2f} ({busy / max(billed, 1e-9):.0%} busy, {n} tasks)"
+                              for p, (c, busy, billed, n) in per.items())
             print(f"  {name:12s} JCT {jct:8.1f} s ({jct / j0:.3f})  cost ${cost:7.2f} ({cost / c0:.3f})  {pools}")
 
 
