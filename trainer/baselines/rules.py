@@ -57,6 +57,21 @@ def _items(request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[It
     return out
 
 
+def _remaining_cp(items: list[Item], request: PlacementRequest) -> dict[str, float]:
+    """Per run, the longest upward rank among its ready tasks in ``items`` and its running tasks:
+    what is left of its critical path (``rcp``'s job key; ``cost-cp``'s critical-path test)."""
+    progress = {p.run_key: p for p in request.progress}
+    out: dict[str, float] = {}
+    for _, _, g, i in items:
+        rk = g.graph.run_key
+        cur = out.get(rk)
+        if cur is None:
+            prog = progress.get(rk)
+            cur = max((g.rank[g.index[t]] for t in prog.running), default=0.0) if prog else 0.0
+        out[rk] = max(cur, g.rank[i])
+    return out
+
+
 class _Rule:
     """Shared machinery: the ledger, and sending / reserving one task."""
 
@@ -167,22 +182,18 @@ class ListScheduler(_Rule):
         if order == "cpf":
             items.sort(key=lambda it: (-it[2].rank[it[3]], -it[1].priority))
             return
-        progress = {p.run_key: p for p in request.progress}
-        job_key: dict[str, float] = {}
-        for _, _, g, i in items:
-            rk = g.graph.run_key
-            if order == "fifo":
-                prog = progress.get(rk)
-                job_key[rk] = request.created_at - (prog.age_s if prog else 0.0)
-            elif order == "srpt":
-                if rk not in job_key:
-                    job_key[rk] = self._remaining_work(g, progress.get(rk))
-            else:  # rcp: the longest upward rank among the run's ready and running tasks
-                cur = job_key.get(rk)
-                if cur is None:
+        if order == "rcp":  # the longest upward rank among the run's ready and running tasks
+            job_key = _remaining_cp(items, request)
+        else:
+            progress = {p.run_key: p for p in request.progress}
+            job_key = {}
+            for _, _, g, _ in items:
+                rk = g.graph.run_key
+                if order == "fifo":
                     prog = progress.get(rk)
-                    cur = max((g.rank[g.index[t]] for t in prog.running), default=0.0) if prog else 0.0
-                job_key[rk] = max(cur, g.rank[i])
+                    job_key[rk] = request.created_at - (prog.age_s if prog else 0.0)
+                elif rk not in job_key:  # srpt
+                    job_key[rk] = self._remaining_work(g, progress.get(rk))
         items.sort(key=lambda it: (job_key[it[0].run_key], it[0].run_key, -it[2].rank[it[3]]))
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
@@ -283,9 +294,9 @@ class CriticalPathCost(ListScheduler):
     A pool is *premium* for a task when its price per unit of that task's work (price per hour
     / speed for the task's kind) is more than ``ratio`` x the cheapest feasible pool's. A task
     off its run's critical path (its upward rank below the longest upward rank among the run's
-    ready and running tasks by more than ``crit_slack_s`` at its fastest pool's speed) never
-    goes to a premium pool (with ``premium_free_slots``, only to one that has a free slot, so
-    that no worker boots for it); a critical-path task may. Everything else is ``srpt+eft``.
+    ready and running tasks) never goes to a premium pool (with ``premium_free_slots``, only to
+    one that has a free slot, so that no worker boots for it); a critical-path task may.
+    Everything else is ``srpt+eft``.
 
     Why it saves money on elastic pools: a worker the autoscaler boots is removed only after
     ``idle_scale_down_s`` of surplus, which a stream of arrivals rarely leaves it, so using a
@@ -295,41 +306,30 @@ class CriticalPathCost(ListScheduler):
     """
 
     def __init__(self, catalogue: Catalogue | None = None, ratio: float = 3.0,
-                 crit_slack_s: float = 0.0, premium_free_slots: bool = False) -> None:
+                 premium_free_slots: bool = False) -> None:
         super().__init__("srpt", "eft", catalogue)
-        if ratio < 1.0 or crit_slack_s < 0.0:
-            raise ValueError(f"cost-cp needs ratio >= 1 and crit_slack_s >= 0, got {ratio}, {crit_slack_s}")
-        self.ratio, self.crit_slack_s, self.premium_free_slots = ratio, crit_slack_s, premium_free_slots
+        if not ratio >= 1.0:
+            raise ValueError(f"cost-cp needs a premium ratio >= 1, got {ratio!r}")
+        self.ratio, self.premium_free_slots = ratio, premium_free_slots
         self.name = "cost-cp"
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
+        led = self.ledger
         self._begin(request)
         self._live = request.ready
         items = _items(request, graphs)
         self.sort(items, request)
-        progress = {p.run_key: p for p in request.progress}
-        crit: dict[str, float] = {}  # run -> longest upward rank among its ready and running tasks
-        for ready, _, g, i in items:
-            rk = ready.run_key
-            cur = crit.get(rk)
-            if cur is None:
-                prog = progress.get(rk)
-                cur = max((g.rank[g.index[t]] for t in prog.running if t in g.index), default=0.0) if prog else 0.0
-            crit[rk] = max(cur, g.rank[i])
+        crit = _remaining_cp(items, request)
         out: list[Decision] = []
         for ready, task, g, i in items:
             if not self._any_slot(request):
                 break
             pools = feasible(task, request.pools)
-            if len(pools) > 1:
+            if len(pools) > 1 and g.rank[i] < crit[ready.run_key]:  # off the critical path
                 per_work = [p.price_per_hour / p.speed_for(task.kind) for p in pools]
-                fastest = max(p.speed_for(task.kind) for p in pools)
-                slack_s = (crit[ready.run_key] - g.rank[i]) / fastest
-                if slack_s > self.crit_slack_s:
-                    cap = self.ratio * min(per_work)
-                    led = self.ledger
-                    pools = [p for p, c in zip(pools, per_work, strict=True)
-                             if c <= cap or (self.premium_free_slots and led.has_free_slot(p))]
+                cap = self.ratio * min(per_work)
+                pools = [p for p, c in zip(pools, per_work, strict=True)
+                         if c <= cap or (self.premium_free_slots and led.has_free_slot(p))]
             self._place_eft(out, ready, task, pools, None)
         return out
 
