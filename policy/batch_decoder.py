@@ -56,10 +56,12 @@ from policy.features import (
     DYNAMIC_PAIR_COLUMNS,
     F_PAIR,
     HOLD_RATIO,
+    PREMIUM_RATIO,
     RESERVE_BUSY,
     FeatureBatch,
     PairDynamics,
     check_hold_ratio,
+    guard_fit,
     late_blocked,
     pair_rows,
     pool_free_within,
@@ -133,6 +135,7 @@ def decode_greedy(
     allow_wait: bool = True,
     hold_ratio: float = HOLD_RATIO,
     reserve_busy: bool = RESERVE_BUSY,
+    premium_ratio: float = PREMIUM_RATIO,
     backend: str | None = None,
     weights: dict[str, np.ndarray] | None = None,
 ) -> list[Decided]:
@@ -141,7 +144,8 @@ def decode_greedy(
     ``h_table [N, H]`` / ``s_table [U, H]`` hold the task embeddings and run summaries of every
     run involved (on the model's device); ``node_idx`` / ``run_idx`` ``[sum R_s]`` index them for
     the ready rows of all requests, concatenated in request order. ``reserve_busy``: a row
-    given a pool with no free slot reserves it and is not sent (:data:`policy.features.RESERVE_BUSY`).
+    given a pool with no free slot reserves it and is not sent (:data:`policy.features.RESERVE_BUSY`);
+    ``premium_ratio``: the guards leave out premium pools (:func:`policy.features.guard_fit`).
     ``backend`` forces the
     steps onto ``"numpy"`` or ``"torch"`` arrays, or ``"compiled"``: each request's steps in one
     call of :func:`policy.step_kernel.greedy_steps` after the batched model parts (needs
@@ -190,7 +194,7 @@ def decode_greedy(
         run_s[s, :n, :p] = fb.pairs.run_s[o]
         ref[s, :n, :p] = fb.pairs.ref[o]
         keep[s, :n, :p] = (m_all | ~m_all.any(axis=1, keepdims=True))[o]
-        fit[s, :n, :p] = m_all[o]
+        fit[s, :n, :p] = guard_fit(fb.pairs, every, m_all, premium_ratio)[o]  # what the guards count
         slots[s, :p] = fb.pairs.slots
         ps = fb.pairs
         top[s, :p] = ps.top
@@ -242,7 +246,8 @@ def decode_greedy(
         if all(t is not None for t in tables) or backend == "compiled":
             pre_h, a_h, g_h = download([pre, a, g])
             return [_compiled(fb, tab, pre_h[s], a_h[s], g_h[s], x_alls[s], weights, allow_wait=allow_wait,
-                              hold_ratio=check_hold_ratio(hold_ratio), reserve_busy=reserve_busy)
+                              hold_ratio=check_hold_ratio(hold_ratio), reserve_busy=reserve_busy,
+                              premium_ratio=premium_ratio)
                     for s, (fb, tab) in enumerate(zip(fbs, tables, strict=True))]
 
     # Small batches step on host numpy (a few microseconds per operation, where torch's dispatch,
@@ -289,7 +294,7 @@ def decode_greedy(
 
 def _compiled(fb: FeatureBatch, tab: tuple[np.ndarray, ...] | None, pre: np.ndarray, a: np.ndarray, g: np.ndarray,
               found: tuple[np.ndarray, np.ndarray], weights: dict[str, np.ndarray], *, allow_wait: bool,
-              hold_ratio: float, reserve_busy: bool) -> Decided:
+              hold_ratio: float, reserve_busy: bool, premium_ratio: float) -> Decided:
     """One request's steps compiled (:mod:`policy.step_kernel`) from the batch's model parts:
     ``pre [R, P, H]``, ``a [R, H]`` (row slots in decode order), ``g [H]``; ``tab`` its
     :meth:`policy.features.PairDynamics.table`, ``found`` its pair features and mask at an empty
@@ -304,7 +309,8 @@ def _compiled(fb: FeatureBatch, tab: tuple[np.ndarray, ...] | None, pre: np.ndar
     a_rows = np.empty((n, a.shape[-1]), dtype=np.float32)
     a_rows[o] = a[:n]
     actions, sent, n_sent, resv, n_resv, d_kept, z_kept, logits_kept, *_ = compiled_steps(
-        fb, tab, pre_rows, a_rows, g, m_all, weights, allow_wait=allow_wait, hold_ratio=hold_ratio,
+        fb, tab, pre_rows, a_rows, g, m_all, guard_fit(fb.pairs, np.arange(n), m_all, premium_ratio), weights,
+        allow_wait=allow_wait, hold_ratio=hold_ratio,
         reserve_busy=reserve_busy)
     rows = sent[:n_sent]
     act = actions.copy()
@@ -319,18 +325,19 @@ def _compiled(fb: FeatureBatch, tab: tuple[np.ndarray, ...] | None, pre: np.ndar
 
 
 def compiled_steps(fb: FeatureBatch, tab: tuple[np.ndarray, ...], pre: np.ndarray, a: np.ndarray, g: np.ndarray,
-                   fit: np.ndarray, weights: dict[str, np.ndarray], *, allow_wait: bool, hold_ratio: float,
-                   reserve_busy: bool) -> tuple[Any, ...]:
+                   fit: np.ndarray, guard: np.ndarray, weights: dict[str, np.ndarray], *, allow_wait: bool,
+                   hold_ratio: float, reserve_busy: bool) -> tuple[Any, ...]:
     """:func:`policy.step_kernel.greedy_steps` of one request (its outputs): ``tab`` its
     :meth:`~policy.features.PairDynamics.table`, ``pre [n, P, H]`` / ``a [n, H]`` the head's static
-    part and task part by row, ``g [H]`` the cluster summary, ``fit [n, P]`` the feasible pairs,
+    part and task part by row, ``g [H]`` the cluster summary, ``fit [n, P]`` the feasible pairs and
+    ``guard`` those the guards count (:func:`~policy.features.guard_fit`),
     ``weights`` :meth:`policy.model.PlacementGNN.numpy_weights` (the one-request decoder of
     :mod:`policy.gnn` and the batched one share this call)."""
     table, finish, free_table, cur, fin, free_now = tab
     keep = fit | ~fit.any(axis=1, keepdims=True)  # rows no pool can hold keep every pool
     return step_kernel.greedy_steps(
         pre, np.ascontiguousarray(weights["c_t"][list(DYNAMIC_PAIR_COLUMNS)]), weights["w"], weights["b"], table,
-        finish, free_table, cur, fin, free_now, fb.pairs.ref, fit, ~keep, fb.order, a,
+        finish, free_table, cur, fin, free_now, fb.pairs.ref, guard, ~keep, fb.order, a,
         np.ascontiguousarray(g, dtype=np.float32), weights["s0_w"], weights["s0_b"], weights["s2_w"],
         weights["s2_b"], fb.pairs.top, reserve_busy, allow_wait, any(q.busy + q.queued > 0 for q in fb.pools),
         math.log(hold_ratio), NEG_INF)

@@ -697,6 +697,30 @@ HOLD_RATIO = math.inf
 RESERVE_BUSY = False
 
 
+#: Premium pools in the decoder's guards (a cost-weighted checkpoint's ``premium_ratio``; 0 =
+#: off): a pool whose cost for a task is more than this factor x the task's cheapest feasible
+#: pool's (price per unit of its work, as ``cost-cp`` reads it) does not count as a free pool in
+#: the work-conserving stop (:func:`pool_free_within`) or the late-binding rule
+#: (:func:`late_blocked`). The policy may still choose it; it is no longer made to when it is the
+#: only free slot, so "hold this task for a cheaper slot" becomes a legal step.
+PREMIUM_RATIO = 0.0
+
+
+def check_premium_ratio(ratio: float) -> float:
+    """``ratio`` if it is a valid premium ratio (0 = off, or >= 1), else ``ValueError``."""
+    if not (ratio == 0.0 or ratio >= 1.0) or math.isinf(ratio):
+        raise ValueError(f"premium_ratio must be 0 (off) or a finite ratio >= 1, got {ratio!r}")
+    return float(ratio)
+
+
+def guard_fit(ps: PairStatic, rows: np.ndarray, fit: np.ndarray, ratio: float) -> np.ndarray:
+    """``fit [r, P]`` (the feasible pairs of ``rows``) less the premium ones (:data:`PREMIUM_RATIO`):
+    the pools the decoder's guards count. ``fit`` itself when ``ratio`` is 0."""
+    if not ratio:
+        return fit
+    return fit & ~(ps.cost[rows] > ratio * ps.best_cost[rows, None])
+
+
 def reserves(free: Any, top: Any) -> Any:
     """Whether a task chosen for a pool is reserved rather than sent, from the pool's free-slot
     flag at that step (:func:`wait_terms`' ``free``: a free slot or room to grow) and ``top``, the

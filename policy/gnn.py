@@ -33,6 +33,10 @@ How a batch is decided
     reserved slot; only choices that start now (or boot a worker) are dispatched. Such a decoder
     offers a busy pool to a task only where its estimated finish beats every free feasible pool
     of the task (:func:`~policy.features.late_blocked`; training's choices leave out the same).
+    With ``premium_ratio`` (``--premium-ratio``, recorded in the checkpoint;
+    :data:`~policy.features.PREMIUM_RATIO`), neither guard counts a pool priced more than that
+    factor x the task's cheapest feasible pool per unit of its work: holding a task, or reserving
+    a busy cheap pool, while only a premium pool is free becomes a legal step (``cost-cp``'s).
 
 The reason string
     :func:`attribute` is the attribution machinery shared with ``drl-trainer explain``:
@@ -63,13 +67,16 @@ from policy.features import (
     DYNAMIC_PAIR_COLUMNS,
     HOLD_RATIO,
     PAIR_FEATURES,
+    PREMIUM_RATIO,
     RESERVE_BUSY,
     TASK_FEATURES,
     FeatureBatch,
     PairDynamics,
     RunFeatures,
     check_hold_ratio,
+    check_premium_ratio,
     featurize,
+    guard_fit,
     late_blocked,
     pair_rows,
     pool_free_within,
@@ -131,6 +138,7 @@ class GNNPlacer:
         allow_wait: bool = True,
         hold_ratio: float = HOLD_RATIO,
         reserve_busy: bool = RESERVE_BUSY,
+        premium_ratio: float = PREMIUM_RATIO,
         explain: bool = True,
         step_kernel: str = "auto",
     ) -> None:
@@ -144,6 +152,7 @@ class GNNPlacer:
         self.allow_wait = allow_wait
         self.hold_ratio = check_hold_ratio(hold_ratio)
         self.reserve_busy = bool(reserve_busy)
+        self.premium_ratio = check_premium_ratio(premium_ratio)
         self.explain = explain
         self.rng = np.random.default_rng(seed)
         self._embed: LRU[tuple[str, str], tuple[Tensor, Tensor]] = LRU(_EMBED_CACHE_SIZE)
@@ -166,6 +175,7 @@ class GNNPlacer:
             device = "cpu"
         ckpt: Checkpoint = load_checkpoint(path, device=device)
         kwargs.setdefault("reserve_busy", reserve_busy_of(ckpt.manifest))
+        kwargs.setdefault("premium_ratio", premium_ratio_of(ckpt.manifest))
         return cls(ckpt.model, version=ckpt.version, manifest=ckpt.manifest, device=device, **kwargs)
 
     def clear_cache(self) -> None:
@@ -258,6 +268,7 @@ class GNNPlacer:
         static_x[..., dyn] = 0.0
         pre = a_np[:, None, :] + b_np[None] + static_x @ c_t  # [R, P, H]
         keep_all = m_all | ~m_all.any(axis=1, keepdims=True)
+        g_all = guard_fit(fb.pairs, every, m_all, self.premium_ratio)  # the pools the guards count
         blocked = None if keep_all.all() else ~keep_all  # rows x pools masked to NEG_INF
         # One step costs a few dozen numpy calls on arrays of a few hundred numbers, so calls are
         # what is saved: the stop head only when stop is allowed, the log-probability only when
@@ -267,7 +278,7 @@ class GNNPlacer:
         tab = dynamics.table() if temp == 0 and not record and self.step_kernel == "compiled" else None
         if tab is not None:  # the same steps in one compiled call
             (actions, sent, n_sent, resv, n_resv, d_kept, z_kept, logits_kept, held, n_held,
-             held_logits) = compiled_steps(fb, tab, pre, a_np, g_np, m_all, wt, allow_wait=self.allow_wait,
+             held_logits) = compiled_steps(fb, tab, pre, a_np, g_np, m_all, g_all, wt, allow_wait=self.allow_wait,
                                            hold_ratio=self.hold_ratio, reserve_busy=self.reserve_busy)
             order, reserved = [int(r) for r in sent[:n_sent]], [int(r) for r in resv[:n_resv]]
             rows = held[:n_held]  # what a stop held (the loop below is skipped)
@@ -286,7 +297,7 @@ class GNNPlacer:
             logits = (z @ w + w_b).astype(np.float64)
             if blocked is not None:
                 logits[blocked[rows]] = NEG_INF
-            fit = m_all[rows]
+            fit = g_all[rows]
             if self.reserve_busy:
                 logits[late_blocked(d, fit)] = NEG_INF
             free = dynamics.free
@@ -315,7 +326,8 @@ class GNNPlacer:
                     choice = stop_col
             if choice == stop_col:  # stop: hold every remaining row
                 if record:
-                    steps.append(Step(dynamics.placed.copy(), rows.copy(), None, stop_ok, self.reserve_busy))
+                    steps.append(Step(dynamics.placed.copy(), rows.copy(), None, stop_ok, self.reserve_busy,
+                                      self.premium_ratio))
                 probs[rows] = softmax_rows(logits)
                 x = x_all[rows]
                 x[..., dyn] = d
@@ -324,7 +336,8 @@ class GNNPlacer:
             k, pool = divmod(choice, num_pools)
             r = int(rows[k])
             if record:
-                steps.append(Step(dynamics.placed.copy(), rows.copy(), (r, pool), stop_ok, self.reserve_busy))
+                steps.append(Step(dynamics.placed.copy(), rows.copy(), (r, pool), stop_ok, self.reserve_busy,
+                                  self.premium_ratio))
             actions[r] = pool
             if self.reserve_busy and reserves(free[pool], fb.pairs.top[pool]):
                 reserved.append(r)  # late binding: it holds its slot in this batch but is not sent
@@ -372,7 +385,7 @@ class GNNPlacer:
         h_table, s_table, node_idx, run_idx = self._embeddings_many(group)
         decided = decode_greedy(self.model, group, h_table, s_table, node_idx, run_idx,
                                 allow_wait=self.allow_wait, hold_ratio=self.hold_ratio, reserve_busy=self.reserve_busy,
-                                backend=self.batch_backend,
+                                premium_ratio=self.premium_ratio, backend=self.batch_backend,
                                 weights=self._weights if self.step_kernel == "compiled" else None)
         for i, fb, d in zip(batched, group, decided, strict=True):
             fb.pair_x, fb.mask = d.pair_x, d.mask
@@ -459,6 +472,12 @@ def step_kernel_choice(choice: str) -> str:
     if choice == "auto":
         return "compiled" if step_kernel_mod.AVAILABLE else "numpy"
     return choice
+
+
+def premium_ratio_of(manifest: Mapping[str, Any]) -> float:
+    """The premium ratio of a checkpoint's decoder guards (``training.premium_ratio`` in its
+    manifest, :data:`~policy.features.PREMIUM_RATIO`: 0, off, for checkpoints that predate it)."""
+    return check_premium_ratio(float((manifest.get("training") or {}).get("premium_ratio", PREMIUM_RATIO)))
 
 
 def reserve_busy_of(manifest: Mapping[str, Any]) -> bool:

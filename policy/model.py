@@ -61,6 +61,7 @@ from policy.features import (
     FEATURE_SCHEMA_VERSION,
     READY_COLUMNS,
     FeatureBatch,
+    guard_fit,
     late_blocked,
     pair_rows,
 )
@@ -179,6 +180,8 @@ class Step:
     action: tuple[int, int] | None
     stop_ok: bool = True
     late: bool = False
+    #: the decoder's premium ratio (:func:`~policy.features.guard_fit`; 0 = off)
+    premium: float = 0.0
 
 
 @dataclass
@@ -211,7 +214,7 @@ def step_entries(fb: FeatureBatch, step: Step) -> tuple[np.ndarray, np.ndarray, 
     x, mask = pair_rows(fb.pairs, step.rows, step.placed)
     keep = mask | ~mask.any(axis=1, keepdims=True)
     if step.late:
-        blocked = late_blocked(x[..., DYNAMIC_PAIR_COLUMNS], mask)
+        blocked = late_blocked(x[..., DYNAMIC_PAIR_COLUMNS], guard_fit(fb.pairs, step.rows, mask, step.premium))
         if step.action is not None:
             blocked[step.rows == step.action[0], step.action[1]] = False
         keep &= ~blocked

@@ -365,7 +365,8 @@ def reinforce(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catal
         ref_res = ref_sim.run()
         ref = reference_of(ref_res.jobs, ref_res.cost, deadline)
         # weights as of this iteration
-        placer = GNNPlacer(model, version="rl", explain=False, reserve_busy=bool(args.reserve_busy))
+        placer = GNNPlacer(model, version="rl", explain=False, reserve_busy=bool(args.reserve_busy),
+                           premium_ratio=args.premium_ratio)
         rollouts = [rollout(placer, catalogue, jobs, stream_seed, args.seed * 1_000_003 + 101 * it + k,
                             args.rl_temperature, config) for k in range(args.rl_rollouts)]
         for ro in rollouts:

@@ -52,7 +52,7 @@ import torch
 
 from policy.catalogue import Catalogue, load_catalogue
 from policy.checkpoint import load_checkpoint, save_checkpoint
-from policy.features import FeatureBatch, featurize
+from policy.features import FeatureBatch, check_premium_ratio, featurize
 from policy.gnn import GNNPlacer
 from policy.model import ModelConfig, PlacementGNN, Step, collate_steps
 from policy.placement import Placer
@@ -90,6 +90,12 @@ class Args:
     #: a task it gives a pool with no free slot reserves that slot and waits; imitation learns
     #: the teacher's reservations; the checkpoint records it and decodes so when loaded
     reserve_busy: int = 0
+    #: > 0: the decoder's guards (work-conserving stop, late binding) do not count a pool priced
+    #: more than this factor x the task's cheapest feasible one per unit of its work
+    #: (``policy.features.PREMIUM_RATIO``; ``cost-cp``'s premium pools), so holding a task off a
+    #: free premium slot is a step the policy can take and imitation can teach; the checkpoint
+    #: records it and decodes so when loaded; 0 = off
+    premium_ratio: float = 0.0
     #: domain randomisation of time scale: each imitation and PPO stream has its task durations
     #: multiplied by one factor drawn log-uniformly from [1 / time_scale, time_scale], so the
     #: policy meets short and long jobs against the same boot delays; teacher choice and
@@ -174,6 +180,7 @@ class Args:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
         if self.reserve_busy not in (0, 1):
             raise ValueError(f"reserve_busy must be 0 or 1, got {self.reserve_busy!r}")
+        check_premium_ratio(self.premium_ratio)
         if not 0.0 < self.rl_size_start <= 1.0:
             raise ValueError(f"rl_size_start must be in (0, 1], got {self.rl_size_start!r}")
         if self.rl_temperature <= 0 or self.rl_clip_coef <= 0 or self.rl_lr <= 0:
@@ -242,14 +249,15 @@ def simulate(catalogue: Catalogue, jobs: list[Job], placer: Placer, seed: int, a
 
 
 def teacher_steps(fb: FeatureBatch, decisions: Sequence[Decision],
-                  trace: Sequence[tuple[str, str, str, bool]] = (), late: bool = False) -> list[Step] | None:
+                  trace: Sequence[tuple[str, str, str, bool]] = (), late: bool = False,
+                  premium: float = 0.0) -> list[Step] | None:
     """A teacher's reply as decoding steps: its dispatch order, then stop for the held tasks.
 
     With ``trace`` (a rule's :attr:`~trainer.baselines.rules._Rule.trace`: every task it took, in
     order, sent or reserving a busy pool's slot), the steps are the trace's (task, pool) choices,
     what a student decoding with ``reserve_busy`` replays: a reserved choice is a step on a pool
     with no free slot, which that decoder does not send. ``late``: the steps are that decoder's
-    (:attr:`policy.model.Step.late`)."""
+    (:attr:`policy.model.Step.late`), with its guards' ``premium`` ratio."""
     row_of = {(r.run_key, r.task_id): i for i, r in enumerate(fb.ready)}
     pool_of = {p.name: j for j, p in enumerate(fb.pools)}
     busy_anywhere = any(p.busy + p.queued > 0 for p in fb.pools)
@@ -263,11 +271,11 @@ def teacher_steps(fb: FeatureBatch, decisions: Sequence[Decision],
         j = pool_of.get(pool)
         if r is None or j is None or r not in rows:
             return None
-        steps.append(Step(placed.copy(), rows.copy(), (r, j), bool(busy_anywhere or placed.sum() > 0), late))
+        steps.append(Step(placed.copy(), rows.copy(), (r, j), bool(busy_anywhere or placed.sum() > 0), late, premium))
         placed[j] += 1
         rows = rows[rows != r]
     if len(rows):
-        steps.append(Step(placed.copy(), rows.copy(), None, True, late))
+        steps.append(Step(placed.copy(), rows.copy(), None, True, late, premium))
     return steps
 
 
@@ -285,7 +293,7 @@ class _Recorder:
         taught = self.teacher.place(request, graphs)
         fb = featurize(request, graphs, pairs=False)
         steps = teacher_steps(fb, taught, getattr(self.teacher, "trace", ()) if self.reservations else (),
-                              self.reservations)
+                              self.reservations, self.student.premium_ratio)
         if steps:
             self.samples.append((fb, steps))
         if self.use_teacher:
@@ -350,7 +358,8 @@ def evaluate(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catalo
         for k in range(args.eval_streams):
             seed = args.eval_seed + k
             jobs = make_stream(s, catalogue, args.eval_runs, seed, args)
-            placer = GNNPlacer(model, version="eval", reserve_busy=bool(args.reserve_busy))
+            placer = GNNPlacer(model, version="eval", reserve_busy=bool(args.reserve_busy),
+                               premium_ratio=args.premium_ratio)
             rows.setdefault("drl", []).append(simulate(catalogue, jobs, placer, seed, args))
             for name in baselines:
                 rows.setdefault(name, []).append(simulate(catalogue, jobs, make_placer(name, catalogue, seed),
@@ -393,7 +402,8 @@ def imitate(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catalog
             rng: np.random.Generator, record: Callable[..., None], t_start: float) -> tuple[int, float]:
     """The DAgger imitation loop (see the module docstring) on ``model``, in place; the settings'
     teachers must be chosen. Returns the number of recorded steps and the seconds since ``t_start``."""
-    student = GNNPlacer(model, version="training", seed=args.seed, reserve_busy=bool(args.reserve_busy))
+    student = GNNPlacer(model, version="training", seed=args.seed, reserve_busy=bool(args.reserve_busy),
+                        premium_ratio=args.premium_ratio)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     buffer: list[tuple[FeatureBatch, list[Step]]] = []
     global_step = 0

@@ -18,7 +18,7 @@ from policy.features import featurize
 from policy.gnn import GNNPlacer, attribute, step_kernel_choice
 from policy.model import ModelConfig, PlacementGNN, collate, collate_steps
 from policy.placement import Placer
-from policy.schema import Decision
+from policy.schema import Decision, ReadyTask
 
 
 def _placer(**kw: object) -> GNNPlacer:
@@ -49,18 +49,20 @@ def test_never_stops_while_nothing_runs() -> None:
         assert dec.steps[0].action is not None and not dec.steps[0].stop_ok
 
 
-@pytest.mark.parametrize("reserve_busy", [False, True])
-def test_recorded_steps_score_the_same_in_training(reserve_busy: bool) -> None:
+@pytest.mark.parametrize(("reserve_busy", "premium"), [(False, 0.0), (True, 0.0), (True, 3.0)])
+def test_recorded_steps_score_the_same_in_training(reserve_busy: bool, premium: float) -> None:
     """step_forward over the decoded steps gives back the decoder's log-probability, so
     training on recorded decisions sees exactly what the placer saw (with ``reserve_busy``, the
-    busy pools it blocks are left out of training's choices too)."""
+    busy pools it blocks are left out of training's choices too, with premium pools not
+    counted when ``premium_ratio`` is set)."""
     from dataclasses import replace
 
     from policy.model import step_entries
 
-    placer = _placer(temperature=1.0, seed=1, reserve_busy=reserve_busy)
+    placer = _placer(temperature=1.0, seed=1, reserve_busy=reserve_busy, premium_ratio=premium)
     left_out = 0
-    for req, graphs in [big_request(60, 12), *[(r, g) for r, g in mixed_requests() if r.ready]]:
+    for req, graphs in [big_request(60, 12), _cpu_busy_gpu_free(120, 24, 4),
+                        *[(r, g) for r, g in mixed_requests() if r.ready]]:
         dec = placer.decode(req, graphs)
         logp, _, _ = placer.model.step_forward(collate_steps([(dec.batch, dec.steps)]))
         assert float(logp.sum().detach()) == pytest.approx(dec.logp, rel=1e-4, abs=1e-4)
@@ -133,13 +135,15 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", ["numpy", "torch"] + (["compiled"] if step_kernel.AVAILABLE else []))
 @pytest.mark.parametrize("checkpoint", [None, "default"])
-@pytest.mark.parametrize(("allow_wait", "reserve_busy"), [(True, False), (False, False), (True, True)])
-def test_place_many_decides_as_place(checkpoint: str | None, allow_wait: bool, reserve_busy: bool, backend: str,
-                                     device: str) -> None:
+@pytest.mark.parametrize(("allow_wait", "reserve_busy", "premium"),
+                         [(True, False, 0.0), (False, False, 0.0), (True, True, 0.0), (True, True, 3.0)])
+def test_place_many_decides_as_place(checkpoint: str | None, allow_wait: bool, reserve_busy: bool, premium: float,
+                                     backend: str, device: str) -> None:
     """The batched decoder gives each request of a micro-batch exactly place()'s decisions:
     requests of 4 to 1,000 tasks with 0 to 64 ready rows, holds (stop), pinned tasks, a task
     no pool can hold, a pool down, a request with fewer pools, two runs in one request, and
-    (``reserve_busy``) tasks that reserve a busy pool instead of being sent. Its steps
+    (``reserve_busy``) tasks that reserve a busy pool instead of being sent, with guards that
+    leave out premium pools (``premium_ratio``) or not. Its steps
     run on numpy arrays on the host (small batches), on torch tensors on the model's device, or
     request by request in the compiled steps (where numba is installed, the default): all are
     checked here, on the CPU and, where there is one, on a GPU (the model's parts
@@ -147,10 +151,10 @@ def test_place_many_decides_as_place(checkpoint: str | None, allow_wait: bool, r
     def make() -> GNNPlacer:
         if checkpoint:
             return GNNPlacer.from_checkpoint(ROOT / "policy" / "checkpoints" / checkpoint, allow_wait=allow_wait,
-                                             reserve_busy=reserve_busy, device=device)
-        return _placer(allow_wait=allow_wait, reserve_busy=reserve_busy, device=device)
+                                             reserve_busy=reserve_busy, premium_ratio=premium, device=device)
+        return _placer(allow_wait=allow_wait, reserve_busy=reserve_busy, premium_ratio=premium, device=device)
 
-    items = mixed_requests()
+    items = mixed_requests() + ([_cpu_busy_gpu_free(120, 24, 4)] if premium else [])
     requests, graphs = [r for r, _ in items], [g for _, g in items]
     one = make()
     single = [one.place(r, g) for r, g in items]
@@ -169,16 +173,18 @@ def test_place_many_decides_as_place(checkpoint: str | None, allow_wait: bool, r
 
 @pytest.mark.skipif(not step_kernel.AVAILABLE, reason="numba is not installed (the policy extra installs it)")
 @pytest.mark.parametrize("checkpoint", [None, "default"])
-@pytest.mark.parametrize(("allow_wait", "reserve_busy", "hold_ratio"),
-                         [(True, False, math.inf), (False, False, math.inf), (True, True, math.inf), (True, True, 1.0)])
+@pytest.mark.parametrize(("allow_wait", "reserve_busy", "hold_ratio", "premium"),
+                         [(True, False, math.inf, 0.0), (False, False, math.inf, 0.0), (True, True, math.inf, 0.0),
+                          (True, True, 1.0, 0.0), (True, True, math.inf, 3.0), (True, False, math.inf, 3.0)])
 def test_compiled_steps_decide_as_numpy_steps(checkpoint: str | None, allow_wait: bool, reserve_busy: bool,
-                                              hold_ratio: float) -> None:
+                                              hold_ratio: float, premium: float) -> None:
     """The compiled one-request steps (policy/step_kernel.py) give the numpy steps' decisions,
     dispatch order, reasons and evidence (probabilities, pair features, contributions) on the
     mixed requests and on 60 random ones (1-40 ready rows of 30-400-task runs on busy and idle
     clusters); the float32 sums may round differently in the last bits, nothing more."""
     def make(kernel: str) -> GNNPlacer:
-        kw = dict(allow_wait=allow_wait, reserve_busy=reserve_busy, hold_ratio=hold_ratio, step_kernel=kernel)
+        kw = dict(allow_wait=allow_wait, reserve_busy=reserve_busy, hold_ratio=hold_ratio, premium_ratio=premium,
+                  step_kernel=kernel)
         if checkpoint:
             return GNNPlacer.from_checkpoint(ROOT / "policy" / "checkpoints" / checkpoint, **kw)  # type: ignore[arg-type]
         return _placer(**kw)
@@ -275,6 +281,82 @@ def test_never_holds_a_task_that_a_free_pool_could_start(batched: bool, hold_rat
                 assert step.stop_ok
     if hold_ratio == 1.0 and not batched:
         assert holds  # the rule of 1 leaves the sampled stop room to hold here: the test can fail
+
+
+def _cpu_busy_gpu_free(n: int = 200, ready: int = 16, seed: int = 0) -> tuple[object, dict]:
+    """A request whose CPU pools are full (no room to grow, tasks queued) while the GPU pool,
+    premium for CPU work at ratio 3 (4.7 x the small pool's price per unit of it), is idle; the
+    ready tasks are CPU work (``random_dag`` makes every 7th a GPU task)."""
+    req, graphs = big_request(n, ready=ready, seed=seed)
+    cpu = tuple(ReadyTask(req.ready[0].run_key, f"t{i}") for i in range(n) if i % 7)[:ready]
+    pools = tuple(p if p.name == "gpu" else replace(p, busy=p.slots, queued=1, max_slots=p.slots,
+                                                     free_at=tuple(20.0 + 10.0 * k for k in range(p.slots + 1)))
+                  for p in req.pools)
+    return replace(req, pools=pools, ready=cpu), graphs
+
+
+@pytest.mark.parametrize("reserve_busy", [False, True])
+def test_premium_pools_do_not_count_in_the_guards(reserve_busy: bool) -> None:
+    """With ``premium_ratio`` the work-conserving stop and the late-binding rule leave out pools
+    priced above that factor x a task's cheapest feasible pool per unit of its work: on a
+    cluster whose CPU pools are full and whose GPU is idle, a sampled decoder holds CPU tasks
+    (without the ratio it may not while the GPU has a slot), a held task never has a free
+    non-premium feasible pool, and (``reserve_busy``) it may reserve a busy CPU pool that
+    finishes after the GPU would, which the plain rule blocks; training's choices
+    (``step_entries``) are the decoder's in both cases."""
+    from policy.features import guard_fit, late_blocked, pair_dynamic, pair_rows
+    from policy.model import step_entries
+
+    req, graphs = _cpu_busy_gpu_free()
+    fb = featurize(req, graphs, pairs=False)
+    gpu = [p.name for p in fb.pools].index("gpu")
+    every = np.arange(fb.num_ready)
+    fit = pair_rows(fb.pairs, every, np.zeros(fb.num_pools))[1]
+    premium = fit & ~guard_fit(fb.pairs, every, fit, 3.0)
+    assert premium[:, gpu].all() and not premium[:, :gpu].any()  # the GPU is premium for CPU work
+    counts = {}
+    for ratio in (0.0, 3.0):
+        placer = _placer(temperature=5.0, seed=1, reserve_busy=reserve_busy, premium_ratio=ratio)
+        holds = extra = 0
+        for _ in range(15):
+            dec = placer.decode(req, graphs)
+            for st in dec.steps:
+                assert st.premium == ratio
+                d = pair_dynamic(fb.pairs, st.rows, st.placed)
+                f = pair_rows(fb.pairs, st.rows, st.placed)[1]
+                g = guard_fit(fb.pairs, st.rows, f, ratio)
+                if st.action is None:
+                    assert st.stop_ok and not (g & (d[..., 3] > 0.5)).any()  # no free non-premium pool
+                    holds += len(st.rows) if d[:, gpu, 3].max() > 0.5 else 0
+                if reserve_busy:
+                    rows, pools, _ = step_entries(fb, st)
+                    at = {int(r): i for i, r in enumerate(st.rows)}
+                    idx = [at[int(r)] for r in rows]
+                    mask = late_blocked(d, g)
+                    if st.action is not None:
+                        mask[at[st.action[0]], st.action[1]] = False
+                    assert not mask[idx, pools].any()
+                    assert len(rows) == int((~mask & (f | ~f.any(axis=1, keepdims=True))).sum())
+                    extra += int((late_blocked(d, f)[idx, pools]).sum())  # what the plain rule blocks
+        counts[ratio] = (holds, extra)
+    assert counts[0.0] == (0, 0)  # the GPU's free slot forbids holding (and reserving behind it)
+    assert counts[3.0][0] > 0  # the test can fail: holds while the GPU is free
+    if reserve_busy:
+        assert counts[3.0][1] > 0
+
+
+def test_premium_ratio_is_recorded_and_checked(tmp_path: Path) -> None:
+    """``training.premium_ratio`` in a manifest sets the placer's guards (0, off, when absent); a
+    ratio below 1, infinite or NaN is refused."""
+    model = PlacementGNN(ModelConfig(hidden=8, layers=1))
+    save_checkpoint(model, tmp_path / "cost", training={"premium_ratio": 3.0, "reserve_busy": 1})
+    save_checkpoint(model, tmp_path / "plain", training={})
+    assert GNNPlacer.from_checkpoint(tmp_path / "cost").premium_ratio == 3.0
+    assert GNNPlacer.from_checkpoint(tmp_path / "cost", premium_ratio=0.0).premium_ratio == 0.0
+    assert GNNPlacer.from_checkpoint(tmp_path / "plain").premium_ratio == 0.0
+    for bad in (0.5, math.inf, math.nan, -1.0):
+        with pytest.raises(ValueError, match="premium_ratio"):
+            _placer(premium_ratio=bad)
 
 
 @pytest.mark.parametrize("allow_wait", [True, False])
