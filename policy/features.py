@@ -46,7 +46,7 @@ from policy.errors import SchemaError
 from policy.graph import GraphMemo, GraphView, view
 from policy.schema import PlacementRequest, PoolState, ReadyTask, RunGraph, RunProgress, TaskNode
 
-FEATURE_SCHEMA_VERSION = 4
+FEATURE_SCHEMA_VERSION = 5
 
 #: Task kinds are hashed into this many one-hot buckets (crc32, stable across processes).
 KIND_BUCKETS = 8
@@ -79,6 +79,7 @@ READY_FEATURES: tuple[str, ...] = (
     "log_ready_total",  # ready tasks in the whole request
     "retry",  # try_number > 1
     "run_work_left_ratio",  # log((work left + 1) / (least work left of the request's runs + 1)), <= 3
+    "rank_over_remaining_cp",  # upward rank / the longest of the run's ready and running tasks: 1 on its critical path
 )
 
 POOL_FEATURES: tuple[str, ...] = (
@@ -119,7 +120,7 @@ F_READY = len(READY_FEATURES)
 #: reads. Versions since 3 only append ready columns, so a model of an older version reads the
 #: first columns of ``ready_x`` and is otherwise unchanged (:class:`policy.model.PlacementGNN`):
 #: a checkpoint keeps loading after the code gains a feature.
-READY_COLUMNS: dict[int, int] = {3: 9, FEATURE_SCHEMA_VERSION: F_READY}
+READY_COLUMNS: dict[int, int] = {3: 9, 4: 10, FEATURE_SCHEMA_VERSION: F_READY}
 F_POOL = len(POOL_FEATURES)
 F_PAIR = len(PAIR_FEATURES)
 
@@ -626,6 +627,7 @@ def featurize(
     ready_per_run = np.bincount(ready_run, minlength=len(runs)) if len(request.ready) else np.zeros(0)
     run_dyn = np.zeros((len(runs), 6), dtype=np.float32)
     left = np.zeros(len(runs), dtype=np.float64)  # expected seconds of work left per run
+    remaining_cp = np.zeros(len(runs), dtype=np.float64)  # longest upward rank of a running task
     for u, rf in enumerate(runs):
         g = rf.view
         n = max(len(g.graph.tasks), 1)
@@ -635,6 +637,7 @@ def featurize(
         done_work = sum(g.graph.tasks[k].duration_s for k in done)
         cp = max(rf.critical_path_s, 1e-9)
         left[u] = max(work - done_work, 0.0)
+        remaining_cp[u] = max((g.rank[g.index[t]] for t in prog.running if t in g.index), default=0.0)
         run_dyn[u] = (
             len(done) / n,
             sum(1 for t in prog.running if t in g.index) / n,
@@ -656,6 +659,11 @@ def featurize(
         # SRPT's key relative to the request's other runs: 0 for the run with the least work left,
         # on any time scale (the absolute log_run_work_left of 15 s jobs is far from training's)
         ready_x[:, 9] = np.minimum(np.log((left + 1.0) / (left.min() + 1.0)), 3.0)[ready_run]
+        # what is left of the run's critical path: the longest upward rank among its ready tasks
+        # here and its running ones (rcp's job key); a task at 1 is on it (cost-cp's test)
+        np.maximum.at(remaining_cp, ready_run, up)
+        rem = remaining_cp[ready_run]
+        ready_x[:, 10] = np.where(rem > 0, up / np.where(rem > 0, rem, 1.0), 1.0)
 
     pools = request.pools
     pair_x = np.zeros((len(request.ready), len(pools), F_PAIR), dtype=np.float32)

@@ -269,6 +269,20 @@ def collate_steps(samples: Sequence[tuple[FeatureBatch, Sequence[Step]]],
     )
 
 
+def upgraded(model: PlacementGNN) -> PlacementGNN:
+    """``model`` reading this code's feature schema: the same weights, and zero weights for the
+    ready columns its schema lacks, so its outputs are unchanged until training moves them
+    (``drl-trainer train --init`` of an older checkpoint). ``model`` itself if already current."""
+    if model.schema_version == FEATURE_SCHEMA_VERSION:
+        return model
+    new = PlacementGNN(model.config)
+    state = model.state_dict()
+    w = state["ready_in.weight"]
+    state["ready_in.weight"] = torch.cat([w, w.new_zeros(w.shape[0], new.ready_in.in_features - w.shape[1])], 1)
+    new.load_state_dict(state)
+    return new.to(w.device)
+
+
 class PlacementGNN(nn.Module):
     """Scores (ready task, pool) pairs; see the module docstring for the maths and shapes."""
 

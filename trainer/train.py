@@ -52,9 +52,17 @@ import torch
 
 from policy.catalogue import Catalogue, load_catalogue
 from policy.checkpoint import load_checkpoint, save_checkpoint
-from policy.features import FeatureBatch, check_premium_ratio, featurize
+from policy.features import (
+    HOLD_RATIO,
+    FeatureBatch,
+    check_premium_ratio,
+    featurize,
+    guard_fit,
+    pair_dynamic,
+    pool_free_within,
+)
 from policy.gnn import GNNPlacer
-from policy.model import ModelConfig, PlacementGNN, Step, collate_steps
+from policy.model import ModelConfig, PlacementGNN, Step, collate_steps, upgraded
 from policy.placement import Placer
 from policy.schema import Decision, PlacementRequest, RunGraph
 from trainer.baselines import make_placer
@@ -250,23 +258,24 @@ def simulate(catalogue: Catalogue, jobs: list[Job], placer: Placer, seed: int, a
 
 def teacher_steps(fb: FeatureBatch, decisions: Sequence[Decision],
                   trace: Sequence[tuple[str, str, str, bool]] = (), late: bool = False,
-                  premium: float = 0.0) -> list[Step] | None:
+                  premium: float = 0.0, hold_ratio: float = HOLD_RATIO) -> list[Step] | None:
     """A teacher's reply as decoding steps: its dispatch order, then stop for the held tasks.
 
     With ``trace`` (a rule's :attr:`~trainer.baselines.rules._Rule.trace`: every task it took, in
     order, sent or reserving a busy pool's slot), the steps are the trace's (task, pool) choices,
     what a student decoding with ``reserve_busy`` replays: a reserved choice is a step on a pool
     with no free slot, which that decoder does not send. ``late``: the steps are that decoder's
-    (:attr:`policy.model.Step.late`), with its guards' ``premium`` ratio."""
+    (:attr:`policy.model.Step.late`), with its guards' ``premium`` and ``hold_ratio``; trailing
+    reservations become a stop where those guards allow it (:func:`_trim_reservations`)."""
     row_of = {(r.run_key, r.task_id): i for i, r in enumerate(fb.ready)}
     pool_of = {p.name: j for j, p in enumerate(fb.pools)}
     busy_anywhere = any(p.busy + p.queued > 0 for p in fb.pools)
     rows = fb.order.copy()
     placed = np.zeros(fb.num_pools)
     steps: list[Step] = []
-    choices = [(run_key, task_id, pool) for run_key, task_id, pool, _ in trace] or [
-        (d.run_key, d.task_id, d.pool) for d in decisions]
-    for run_key, task_id, pool in choices:
+    choices = [(run_key, task_id, pool, sent) for run_key, task_id, pool, sent in trace] or [
+        (d.run_key, d.task_id, d.pool, True) for d in decisions]
+    for run_key, task_id, pool, _ in choices:
         r = row_of.get((run_key, task_id))
         j = pool_of.get(pool)
         if r is None or j is None or r not in rows:
@@ -276,7 +285,46 @@ def teacher_steps(fb: FeatureBatch, decisions: Sequence[Decision],
         rows = rows[rows != r]
     if len(rows):
         steps.append(Step(placed.copy(), rows.copy(), None, True, late, premium))
-    return steps
+    return _trim_reservations(fb, steps, [sent for *_, sent in choices], premium, hold_ratio)
+
+
+def _trim_reservations(fb: FeatureBatch, steps: list[Step], sent: Sequence[bool], premium: float,
+                       hold_ratio: float) -> list[Step]:
+    """``steps`` with the reservations after the teacher's last dispatch replaced by one stop
+    where the student's guards allow that stop (no remaining task has a free feasible pool that
+    counts, :func:`policy.features.pool_free_within` with :func:`~policy.features.guard_fit`).
+
+    Nothing after them is sent, so they and the stop hold the same tasks; but a rule such as
+    ``cost-cp`` reserves every remaining ready task while a premium pool has a slot (~150
+    reservation steps per decision on BWA), which would bury the few steps that matter (hold or
+    take the premium slot) under steps that change nothing. A reservation takes no free slot, so
+    the pools' free flags are those at the first trailing reservation throughout the tail and
+    the earliest legal stop is after the last reservation of a row that has such a pool."""
+    tail = len(sent)
+    while tail and not sent[tail - 1]:
+        tail -= 1
+    if tail == len(sent) or steps[tail].action is None:
+        return steps
+    at = steps[tail]
+    rows = at.rows
+    fit = guard_fit(fb.pairs, rows, fb.pairs.mask[rows], premium)
+    d = pair_dynamic(fb.pairs, rows, at.placed)
+    keeps_free = (fit & (d[..., 3] > 0.5) & (d[..., 2] <= math.log(hold_ratio))).any(axis=1)  # [r]
+    bad = set(rows[keeps_free].tolist())
+    k = tail
+    for i in range(tail, len(sent)):
+        act = steps[i].action
+        if act is not None and act[0] in bad:
+            k = i + 1
+    if k >= len(sent):
+        return steps
+    stop = steps[k]
+    if not stop.stop_ok:  # nothing runs and nothing was chosen before: the decoder must choose
+        return steps
+    d_k = pair_dynamic(fb.pairs, stop.rows, stop.placed)
+    if pool_free_within(d_k, guard_fit(fb.pairs, stop.rows, fb.pairs.mask[stop.rows], premium), hold_ratio):
+        return steps  # a finite hold ratio: the reservations moved a row's earliest finish
+    return [*steps[:k], dataclasses.replace(stop, action=None)]
 
 
 class _Recorder:
@@ -293,7 +341,7 @@ class _Recorder:
         taught = self.teacher.place(request, graphs)
         fb = featurize(request, graphs, pairs=False)
         steps = teacher_steps(fb, taught, getattr(self.teacher, "trace", ()) if self.reservations else (),
-                              self.reservations, self.student.premium_ratio)
+                              self.reservations, self.student.premium_ratio, self.student.hold_ratio)
         if steps:
             self.samples.append((fb, steps))
         if self.use_teacher:
@@ -475,7 +523,7 @@ def train(args: Args) -> dict[str, Any]:
     init_version = ""
     if args.init:
         ckpt = load_checkpoint(args.init)
-        model, init_version = ckpt.model, ckpt.version
+        model, init_version = upgraded(ckpt.model), ckpt.version  # an older schema gains the new columns
     else:
         model = PlacementGNN(ModelConfig(hidden=args.hidden, layers=args.layers))
     global_step, train_s = imitate(model, settings, catalogue, args, rng, record, t_start)

@@ -56,7 +56,7 @@ def test_mismatched_feature_schema_is_refused(ckpt: Path) -> None:
     manifest = json.loads((ckpt / MANIFEST_FILE).read_text())
     manifest["feature_schema"]["version"] = 999
     (ckpt / MANIFEST_FILE).write_text(json.dumps(manifest))
-    with pytest.raises(CheckpointError, match="feature schema version 999 .* reads versions 3-4"):
+    with pytest.raises(CheckpointError, match="feature schema version 999 .* reads versions 3-5"):
         load_checkpoint(ckpt)
     manifest["feature_schema"] = feature_schema()
     manifest["feature_schema"]["pair"] = manifest["feature_schema"]["pair"][:-1]
@@ -87,6 +87,28 @@ def test_a_checkpoint_of_an_older_feature_schema_keeps_loading(tmp_path: Path) -
     (tmp_path / "v3" / MANIFEST_FILE).write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="ready features"):
         load_checkpoint(tmp_path / "v3")
+
+
+def test_an_older_schema_is_upgraded_for_training(tmp_path: Path) -> None:
+    """``drl-trainer train --init`` of an older checkpoint trains this code's schema: the model
+    gains the new ready columns with zero weights, so its outputs are unchanged at first and
+    move once training moves those weights; it is saved as the current schema."""
+    from policy.features import F_READY, FEATURE_SCHEMA_VERSION
+    from policy.model import upgraded
+
+    torch.manual_seed(4)
+    old = PlacementGNN(ModelConfig(hidden=8, layers=1), schema_version=4)
+    new = upgraded(old)
+    assert new.schema_version == FEATURE_SCHEMA_VERSION and new.ready_in.in_features == F_READY
+    assert upgraded(new) is new
+    h, s = torch.randn(5, 8), torch.randn(5, 8)
+    x = torch.rand(5, F_READY)
+    assert torch.equal(new.task_part(h, s, x), old.task_part(h, s, x))
+    with torch.no_grad():
+        new.ready_in.weight[:, -1] += 1.0
+    assert not torch.equal(new.task_part(h, s, x), old.task_part(h, s, x))  # the new column is read
+    save_checkpoint(new, tmp_path / "up")
+    assert read_manifest(tmp_path / "up")["feature_schema"]["version"] == FEATURE_SCHEMA_VERSION
 
 
 def test_mismatched_model_config_is_refused(ckpt: Path) -> None:

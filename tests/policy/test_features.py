@@ -26,6 +26,7 @@ from policy.features import (
     reserves,
     wait_terms,
 )
+from policy.graph import view
 from policy.schema import PlacementRequest, ReadyTask, RunProgress
 
 
@@ -190,3 +191,31 @@ def test_run_work_left_ratio_ranks_the_runs_of_a_request_on_any_time_scale() -> 
     assert small[1] == 0.0 and large[1] == 0.0  # the 40-task run has less work left
     assert 0.5 < large[0] <= 3.0
     assert small[0] > 0.0 and large[0] == pytest.approx(small[0], abs=0.05)
+
+
+def test_rank_over_remaining_cp_marks_the_run_s_critical_path() -> None:
+    """Schema 5: a ready task's upward rank over the longest upward rank among its run's ready
+    tasks in the request and its running ones (what is left of the run's critical path, as
+    ``rcp`` and ``cost-cp`` read it): 1 for the task on it, less for the others, and below 1 for
+    every ready task once a running task has the longest rank."""
+    col = READY_FEATURES.index("rank_over_remaining_cp")
+    g = random_dag(60, 5, run_key="dag/cp")
+    rank = view(g).rank
+    ready = [5, 9, 17, 30]
+    by_rank = sorted(range(60), key=lambda i: -rank[i])
+    top_running = next(i for i in by_rank if i not in ready)
+
+    def column(running: tuple[str, ...]) -> np.ndarray:
+        req = PlacementRequest("req-cp", ready=tuple(ReadyTask(g.run_key, f"t{i}") for i in ready),
+                               pools=diamond_request()[0].pools, runs=(g,),
+                               progress=(RunProgress(g.run_key, running=running),))
+        return featurize(req, {g.run_key: g}, pairs=False).ready_x[:, col]
+
+    alone = column(())
+    best = max(rank[i] for i in ready)
+    assert alone.tolist() == pytest.approx([rank[i] / best for i in ready])
+    assert alone.max() == 1.0 and (alone < 1.0).sum() == len(ready) - 1
+    assert rank[top_running] > best  # the graph's longest rank is not among the ready tasks
+    behind = column((f"t{top_running}",))
+    assert behind.tolist() == pytest.approx([rank[i] / rank[top_running] for i in ready])
+    assert behind.max() < 1.0

@@ -138,6 +138,49 @@ def test_reservations_are_learned_from_the_rule_s_trace() -> None:
         Args(reserve_busy=2)
 
 
+@pytest.mark.parametrize("premium", [0.0, 3.0])
+def test_trailing_reservations_become_a_stop_where_the_student_may_stop(premium: float) -> None:
+    """``cost-cp`` reserves every ready task it walks while a premium pool has a slot; after its
+    last dispatch those reservations change nothing, so the teacher's steps end with a stop
+    instead wherever the student's guards allow one (with ``premium_ratio`` 3 they do: only the
+    premium GPU is free). The dispatches are kept in order, and every such stop is one the
+    student's decoder could take (no remaining task has a free pool its guards count)."""
+    from policy.features import guard_fit, pool_free_within
+
+    args = Args(workflows="etl", heldout="", threads=1, reserve_busy=1, premium_ratio=premium)
+    catalogue = load_catalogue(args.pools)
+    jobs = make_stream(settings_from("etl", seed=1)[0], catalogue, 10, seed=4, args=args)
+    teacher = make_placer("cost-cp", catalogue, 4)
+    seen = {"trimmed": 0, "steps": 0, "trace": 0}
+
+    class Probe:
+        name, version = "probe", "0"
+
+        def place(self, request, graphs):  # type: ignore[no-untyped-def]
+            out = teacher.place(request, graphs)
+            trace = teacher.trace
+            fb = featurize(request, graphs, pairs=False)
+            steps = teacher_steps(fb, out, trace, late=True, premium=premium)
+            assert steps is not None
+            chosen = [st.action for st in steps if st.action is not None]
+            assert [(t[1], t[2]) for t in trace[: len(chosen)]] == [  # a prefix of the trace
+                (fb.ready[r].task_id, fb.pools[j].name) for r, j in chosen]
+            if len(chosen) < len(trace):  # trimmed: only reservations went, and the stop is legal
+                seen["trimmed"] += 1
+                assert all(not t[3] for t in trace[len(chosen):])
+                stop = steps[-1]
+                assert stop.action is None and stop.premium == premium
+                d = pair_dynamic(fb.pairs, stop.rows, stop.placed)
+                assert not pool_free_within(d, guard_fit(fb.pairs, stop.rows, fb.pairs.mask[stop.rows], premium))
+            seen["steps"] += len(steps)
+            seen["trace"] += len(trace)
+            return out
+
+    Simulator(catalogue, jobs, Probe(), seed=4, config=sim_config(args)).run()
+    if premium:
+        assert seen["trimmed"] > 0 and seen["steps"] < seen["trace"], seen
+
+
 def test_time_scale_randomises_training_streams_only() -> None:
     catalogue = load_catalogue(Args().pools)
     setting = settings_from("etl", seed=1)[0]
