@@ -177,7 +177,7 @@ def decode_greedy(
     busy = np.zeros(S, dtype=bool)
     pool_x = np.zeros((S, P, fbs[0].pool_x.shape[1]), dtype=np.float32)
     pool_valid = np.zeros((S, P), dtype=bool)
-    x_alls: list[tuple[np.ndarray, np.ndarray]] = []
+    x_alls: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # features, mask, guards' pools
     tables: list[tuple[np.ndarray, ...] | None] = []  # the compiled steps' backlog tables
     compiled = backend == "compiled" or (backend is None and weights is not None)
     off = 0
@@ -186,7 +186,8 @@ def decode_greedy(
         dynamics = PairDynamics(fb.pairs, steps=n if compiled else None)
         every = np.arange(n)
         x_all, m_all = pair_rows(fb.pairs, every, dynamics.placed, dynamics(every))  # [n, p, F]
-        x_alls.append((x_all, m_all))
+        guard = guard_fit(fb.pairs, every, m_all, premium_ratio)  # the pools the guards count
+        x_alls.append((x_all, m_all, guard))
         tables.append(dynamics.table())
         st = x_all[o].copy()
         st[..., dyn] = 0.0
@@ -194,7 +195,7 @@ def decode_greedy(
         run_s[s, :n, :p] = fb.pairs.run_s[o]
         ref[s, :n, :p] = fb.pairs.ref[o]
         keep[s, :n, :p] = (m_all | ~m_all.any(axis=1, keepdims=True))[o]
-        fit[s, :n, :p] = guard_fit(fb.pairs, every, m_all, premium_ratio)[o]  # what the guards count
+        fit[s, :n, :p] = guard[o]
         slots[s, :p] = fb.pairs.slots
         ps = fb.pairs
         top[s, :p] = ps.top
@@ -246,8 +247,7 @@ def decode_greedy(
         if all(t is not None for t in tables) or backend == "compiled":
             pre_h, a_h, g_h = download([pre, a, g])
             return [_compiled(fb, tab, pre_h[s], a_h[s], g_h[s], x_alls[s], weights, allow_wait=allow_wait,
-                              hold_ratio=check_hold_ratio(hold_ratio), reserve_busy=reserve_busy,
-                              premium_ratio=premium_ratio)
+                              hold_ratio=check_hold_ratio(hold_ratio), reserve_busy=reserve_busy)
                     for s, (fb, tab) in enumerate(zip(fbs, tables, strict=True))]
 
     # Small batches step on host numpy (a few microseconds per operation, where torch's dispatch,
@@ -272,7 +272,7 @@ def decode_greedy(
     out: list[Decided] = []
     for s, fb in enumerate(fbs):
         n, p, o = num[s], npools[s], fb.order
-        x_all, m_all = x_alls[s]
+        x_all, m_all, _ = x_alls[s]
         act = np.full(n, -1, dtype=np.int64)
         act[o] = actions_h[s, :n]
         ts = np.nonzero(go_h[:, s])[0]  # the steps that placed a row, in dispatch order
@@ -293,24 +293,23 @@ def decode_greedy(
 
 
 def _compiled(fb: FeatureBatch, tab: tuple[np.ndarray, ...] | None, pre: np.ndarray, a: np.ndarray, g: np.ndarray,
-              found: tuple[np.ndarray, np.ndarray], weights: dict[str, np.ndarray], *, allow_wait: bool,
-              hold_ratio: float, reserve_busy: bool, premium_ratio: float) -> Decided:
+              found: tuple[np.ndarray, np.ndarray, np.ndarray], weights: dict[str, np.ndarray], *,
+              allow_wait: bool, hold_ratio: float, reserve_busy: bool) -> Decided:
     """One request's steps compiled (:mod:`policy.step_kernel`) from the batch's model parts:
     ``pre [R, P, H]``, ``a [R, H]`` (row slots in decode order), ``g [H]``; ``tab`` its
     :meth:`policy.features.PairDynamics.table`, ``found`` its pair features and mask at an empty
-    backlog. The evidence of the rows sent, as the batched steps give it."""
+    backlog and the pools its guards count. The evidence of the rows sent, as the batched steps give it."""
     if tab is None:
         raise ValueError(f"request of {fb.num_ready} ready rows x {fb.num_pools} pools: too large for the "
                          f"compiled steps' backlog table")
     n, p, o = fb.num_ready, fb.num_pools, fb.order
-    x_all, m_all = found
+    x_all, m_all, guard = found
     pre_rows = np.empty((n, p, pre.shape[-1]), dtype=np.float32)
     pre_rows[o] = pre[:n, :p]
     a_rows = np.empty((n, a.shape[-1]), dtype=np.float32)
     a_rows[o] = a[:n]
     actions, sent, n_sent, resv, n_resv, d_kept, z_kept, logits_kept, *_ = compiled_steps(
-        fb, tab, pre_rows, a_rows, g, m_all, guard_fit(fb.pairs, np.arange(n), m_all, premium_ratio), weights,
-        allow_wait=allow_wait, hold_ratio=hold_ratio,
+        fb, tab, pre_rows, a_rows, g, m_all, guard, weights, allow_wait=allow_wait, hold_ratio=hold_ratio,
         reserve_busy=reserve_busy)
     rows = sent[:n_sent]
     act = actions.copy()

@@ -331,7 +331,7 @@ def reinforce(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catal
     be chosen. The weights kept are those scoring best on ``select`` (settings not trained on,
     teachers chosen) or, without it, on the training settings' evaluation streams. Returns a
     summary (best eval score, iterations, wall time)."""
-    from trainer.train import evaluate, make_stream, sim_config
+    from trainer.train import evaluate, make_stream, policy_placer, sim_config
 
     t0 = time.perf_counter()
     config = sim_config(args)  # every stream of the phase: the reference's and the rollouts'
@@ -365,8 +365,7 @@ def reinforce(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catal
         ref_res = ref_sim.run()
         ref = reference_of(ref_res.jobs, ref_res.cost, deadline)
         # weights as of this iteration
-        placer = GNNPlacer(model, version="rl", explain=False, reserve_busy=bool(args.reserve_busy),
-                           premium_ratio=args.premium_ratio)
+        placer = policy_placer(model, args, version="rl", explain=False)
         rollouts = [rollout(placer, catalogue, jobs, stream_seed, args.seed * 1_000_003 + 101 * it + k,
                             args.rl_temperature, config) for k in range(args.rl_rollouts)]
         for ro in rollouts:

@@ -273,8 +273,7 @@ def teacher_steps(fb: FeatureBatch, decisions: Sequence[Decision],
     rows = fb.order.copy()
     placed = np.zeros(fb.num_pools)
     steps: list[Step] = []
-    choices = [(run_key, task_id, pool, sent) for run_key, task_id, pool, sent in trace] or [
-        (d.run_key, d.task_id, d.pool, True) for d in decisions]
+    choices = list(trace) or [(d.run_key, d.task_id, d.pool, True) for d in decisions]
     for run_key, task_id, pool, _ in choices:
         r = row_of.get((run_key, task_id))
         j = pool_of.get(pool)
@@ -305,12 +304,15 @@ def _trim_reservations(fb: FeatureBatch, steps: list[Step], sent: Sequence[bool]
         tail -= 1
     if tail == len(sent) or steps[tail].action is None:
         return steps
+
+    def counted_free(st: Step) -> np.ndarray:
+        """``[r]``: whether each row of ``st`` has a free pool the student's guards count."""
+        d = pair_dynamic(fb.pairs, st.rows, st.placed)
+        fit = guard_fit(fb.pairs, st.rows, fb.pairs.mask[st.rows], premium)
+        return pool_free_within(d[:, None], fit[:, None], hold_ratio)
+
     at = steps[tail]
-    rows = at.rows
-    fit = guard_fit(fb.pairs, rows, fb.pairs.mask[rows], premium)
-    d = pair_dynamic(fb.pairs, rows, at.placed)
-    keeps_free = (fit & (d[..., 3] > 0.5) & (d[..., 2] <= math.log(hold_ratio))).any(axis=1)  # [r]
-    bad = set(rows[keeps_free].tolist())
+    bad = set(at.rows[counted_free(at)].tolist())
     k = tail
     for i in range(tail, len(sent)):
         act = steps[i].action
@@ -321,10 +323,14 @@ def _trim_reservations(fb: FeatureBatch, steps: list[Step], sent: Sequence[bool]
     stop = steps[k]
     if not stop.stop_ok:  # nothing runs and nothing was chosen before: the decoder must choose
         return steps
-    d_k = pair_dynamic(fb.pairs, stop.rows, stop.placed)
-    if pool_free_within(d_k, guard_fit(fb.pairs, stop.rows, fb.pairs.mask[stop.rows], premium), hold_ratio):
+    if counted_free(stop).any():
         return steps  # a finite hold ratio: the reservations moved a row's earliest finish
     return [*steps[:k], dataclasses.replace(stop, action=None)]
+
+
+def policy_placer(model: PlacementGNN, args: Args, **kwargs: Any) -> GNNPlacer:
+    """The learned policy decoding as ``args`` train it (late binding, premium pools' guards)."""
+    return GNNPlacer(model, reserve_busy=bool(args.reserve_busy), premium_ratio=args.premium_ratio, **kwargs)
 
 
 class _Recorder:
@@ -406,8 +412,7 @@ def evaluate(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catalo
         for k in range(args.eval_streams):
             seed = args.eval_seed + k
             jobs = make_stream(s, catalogue, args.eval_runs, seed, args)
-            placer = GNNPlacer(model, version="eval", reserve_busy=bool(args.reserve_busy),
-                               premium_ratio=args.premium_ratio)
+            placer = policy_placer(model, args, version="eval")
             rows.setdefault("drl", []).append(simulate(catalogue, jobs, placer, seed, args))
             for name in baselines:
                 rows.setdefault(name, []).append(simulate(catalogue, jobs, make_placer(name, catalogue, seed),
@@ -450,8 +455,7 @@ def imitate(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catalog
             rng: np.random.Generator, record: Callable[..., None], t_start: float) -> tuple[int, float]:
     """The DAgger imitation loop (see the module docstring) on ``model``, in place; the settings'
     teachers must be chosen. Returns the number of recorded steps and the seconds since ``t_start``."""
-    student = GNNPlacer(model, version="training", seed=args.seed, reserve_busy=bool(args.reserve_busy),
-                        premium_ratio=args.premium_ratio)
+    student = policy_placer(model, args, version="training", seed=args.seed)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     buffer: list[tuple[FeatureBatch, list[Step]]] = []
     global_step = 0
