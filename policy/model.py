@@ -38,13 +38,14 @@ collated batch, ``P`` pools, ``H`` hidden)::
     BatchTensors.pair_x       [R, P, F_PAIR]
     BatchTensors.mask         [R, P]       bool
     PlacementGNN(...) ->  logits [R, P], value [S]      (first step, no stop column)
-    PlacementGNN.step_forward(StepTensors) -> log p(chosen) [K], entropy [K], value [S]
+    PlacementGNN.step_forward(StepTensors) -> StepScores: log p(chosen) [K], entropy [K],
+        value [S], log p(chosen pool) [K]
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -204,6 +205,20 @@ class StepTensors:
     entry_x: Tensor
     rem_step: Tensor
     rem_row: Tensor
+
+
+class StepScores(NamedTuple):
+    """:meth:`PlacementGNN.step_forward` over ``K`` recorded steps of ``S`` requests."""
+
+    #: ``[K]`` log-probability of each step's recorded choice
+    logp: Tensor
+    #: ``[K]`` entropy of each step's distribution
+    entropy: Tensor
+    #: ``[S]`` value of each request
+    value: Tensor
+    #: ``[K]`` log-probability of the recorded choice's pool, whichever task goes there (the
+    #: marginal over the step's rows; "stop" is its own choice): the decision that sets cost
+    logp_pool: Tensor
 
 
 def step_entries(fb: FeatureBatch, step: Step) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -374,11 +389,12 @@ class PlacementGNN(nn.Module):
             "s2_b": a(s2.bias),
         }
 
-    def step_forward(self, st: StepTensors) -> tuple[Tensor, Tensor, Tensor]:
-        """Decoding steps of collated requests -> ``(log p(target) [K], entropy [K], value [S])``.
+    def step_forward(self, st: StepTensors) -> StepScores:
+        """Decoding steps of collated requests -> :class:`StepScores`.
 
         A step's choices are its entries (remaining row, pool) plus "stop"; the softmax runs
-        over each step's own choices (a segment softmax).
+        over each step's own choices (a segment softmax). The pool marginal sums a step's
+        probabilities per pool (a log-sum-exp per (step, pool) segment).
         """
         bt = st.bt
         h, summary = self.encode_graph(bt.x, bt.edge_index, bt.node_run, bt.num_runs)
@@ -403,7 +419,16 @@ class PlacementGNN(nn.Module):
         entropy = -scatter(p * logp, index, dim=0, dim_size=k, reduce="sum")
         pooled = scatter(a, bt.ready_sample, dim=0, dim_size=bt.num_samples, reduce="mean")
         value = self.value(torch.cat([pooled, g], dim=-1)).squeeze(-1)
-        return logp[target], entropy, value
+        n_pools = bt.pool_x.shape[1]
+        seg = st.entry_step * n_pools + st.entry_pool  # (step, pool) of each entry
+        e_logp = logp[: entry_logits.shape[0]]
+        seg_peak = scatter(e_logp, seg, dim=0, dim_size=k * n_pools, reduce="max")
+        seg_lse = torch.log(scatter(torch.exp(e_logp - seg_peak[seg]), seg, dim=0, dim_size=k * n_pools,
+                                    reduce="sum")) + seg_peak
+        chosen = torch.where(st.target >= 0, st.target, 0)
+        logp_pool = torch.where(st.target >= 0, seg_lse[seg[chosen]] if len(seg) else logp[target],
+                                logp[stop_pos])
+        return StepScores(logp[target], entropy, value, logp_pool)
 
     # --- the whole thing ----------------------------------------------------------------------
 

@@ -258,7 +258,7 @@ def old_log_probs(model: PlacementGNN, samples: Sequence[Sample], batch_requests
     model.eval()
     out = []
     for k in range(0, len(samples), batch_requests):
-        logp, _, _ = model.step_forward(collate_steps(samples[k : k + batch_requests]))
+        logp = model.step_forward(collate_steps(samples[k : k + batch_requests])).logp
         out.append(logp)
     return out
 
@@ -278,7 +278,7 @@ def ppo_update(model: PlacementGNN, opt: torch.optim.Optimizer, samples: Sequenc
             st = collate_steps([samples[i] for i in idx])
             steps = np.concatenate([np.arange(first[i], first[i] + n_steps[i]) for i in idx])
             adv = torch.from_numpy(np.repeat(advantages[idx], n_steps[idx])).float()
-            logp, entropy, _ = model.step_forward(st)
+            logp, entropy, *_ = model.step_forward(st)
             logratio = logp - old[torch.from_numpy(steps)]
             ratio = logratio.exp()
             pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.rl_clip_coef, 1 + args.rl_clip_coef)).mean()

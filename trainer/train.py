@@ -13,7 +13,11 @@ into decoding steps (its dispatch order, each (task, pool) choice, then "stop" f
 holds) and stored; the stream is driven by the teacher with probability ``beta`` and by the
 student otherwise (DAgger, Ross et al. 2011: the student learns to recover from its own states);
 ``beta`` decays linearly to ``beta_final``. The loss is the cross-entropy of the teacher's steps
-under :meth:`~policy.model.PlacementGNN.step_forward`, minus an entropy bonus. The curriculum
+under :meth:`~policy.model.PlacementGNN.step_forward`, minus an entropy bonus, plus
+``pool_loss`` x the cross-entropy of the teacher's *pool* (the step's probability summed over
+the rows, :attr:`~policy.model.StepScores.logp_pool`): with a cost weight the pool (premium or
+not, or hold) is the decision that sets cost, while the order among equally good rows is not,
+and the exact-row loss alone spends the model on that order. The curriculum
 grows the episode from ``runs_start`` to ``runs_end`` DAG runs.
 
 **Policy gradient** (``--rl-iters N``, :mod:`trainer.rl`): after imitation (or instead of it,
@@ -129,6 +133,9 @@ class Args:
     batch_requests: int = 32
     lr: float = 3e-3
     ent_coef: float = 0.01
+    #: weight of the cross-entropy of the teacher's pool, summed over the step's rows, on top of
+    #: that of its exact (row, pool) choice (0 = off)
+    pool_loss: float = 0.0
     #: keep at most this many recorded requests (oldest dropped)
     buffer: int = 30_000
     #: evaluation: DAG runs per stream and streams per setting (seeds eval_seed, eval_seed+1, ...)
@@ -189,6 +196,8 @@ class Args:
         if self.reserve_busy not in (0, 1):
             raise ValueError(f"reserve_busy must be 0 or 1, got {self.reserve_busy!r}")
         check_premium_ratio(self.premium_ratio)
+        if self.pool_loss < 0:
+            raise ValueError(f"pool_loss must be >= 0, got {self.pool_loss!r}")
         if not 0.0 < self.rl_size_start <= 1.0:
             raise ValueError(f"rl_size_start must be in (0, 1], got {self.rl_size_start!r}")
         if self.rl_temperature <= 0 or self.rl_clip_coef <= 0 or self.rl_lr <= 0:
@@ -368,12 +377,14 @@ def collect(setting: Setting, catalogue: Catalogue, student: GNNPlacer, use_teac
 
 @torch.no_grad()
 def imitation_nll(model: PlacementGNN, samples: Sequence[tuple[FeatureBatch, list[Step]]],
-                  batch_requests: int = 64) -> float:
-    """Mean negative log-likelihood of the recorded teacher steps under ``model``."""
+                  batch_requests: int = 64, pool: bool = False) -> float:
+    """Mean negative log-likelihood of the recorded teacher steps under ``model`` (``pool``: of
+    their pools, :attr:`~policy.model.StepScores.logp_pool`)."""
     model.eval()
     total, count = 0.0, 0
     for k in range(0, len(samples), batch_requests):
-        logp, _, _ = model.step_forward(collate_steps(samples[k : k + batch_requests]))
+        scores = model.step_forward(collate_steps(samples[k : k + batch_requests]))
+        logp = scores.logp_pool if pool else scores.logp
         total += float(-logp.sum())
         count += int(logp.shape[0])
     return total / max(count, 1)
@@ -383,24 +394,26 @@ def bc_update(model: PlacementGNN, opt: torch.optim.Optimizer, buffer: list[tupl
               args: Args, rng: np.random.Generator) -> dict[str, float]:
     """One pass of imitation over the buffer; returns mean loss, accuracy proxy and entropy."""
     model.train()
-    losses, ents, nll = [], [], []
+    losses, ents, nll, pool_nll = [], [], [], []
     for _ in range(args.epochs):
         perm = rng.permutation(len(buffer))
         for k in range(0, len(perm), args.batch_requests):
             batch = [buffer[i] for i in perm[k : k + args.batch_requests]]
-            st = collate_steps(batch)
-            logp, entropy, _ = model.step_forward(st)
-            loss = -logp.mean() - args.ent_coef * entropy.mean()
+            scores = model.step_forward(collate_steps(batch))
+            loss = -scores.logp.mean() - args.ent_coef * scores.entropy.mean()
+            if args.pool_loss:
+                loss = loss - args.pool_loss * scores.logp_pool.mean()
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             losses.append(float(loss.detach()))
-            nll.append(float(-logp.detach().mean()))
-            ents.append(float(entropy.detach().mean()))
+            nll.append(float(-scores.logp.detach().mean()))
+            pool_nll.append(float(-scores.logp_pool.detach().mean()))
+            ents.append(float(scores.entropy.detach().mean()))
     model.eval()
     return {"loss": float(np.mean(losses)), "nll": float(np.mean(nll)), "entropy": float(np.mean(ents)),
-            "step_acc": float(np.exp(-np.mean(nll)))}
+            "step_acc": float(np.exp(-np.mean(nll))), "pool_acc": float(np.exp(-np.mean(pool_nll)))}
 
 
 def evaluate(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catalogue, args: Args,
@@ -483,7 +496,8 @@ def imitate(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catalog
         record(global_step, **{f"losses/{k}": v for k, v in stats.items()}, **{"charts/beta": beta,
                "charts/runs": n_runs, "charts/buffer": len(buffer), "charts/iter": it})
         if hasattr(bar, "set_postfix"):
-            bar.set_postfix(loss=f"{stats['loss']:.3f}", acc=f"{stats['step_acc']:.2f}", beta=f"{beta:.2f}")
+            bar.set_postfix(loss=f"{stats['loss']:.3f}", acc=f"{stats['step_acc']:.2f}",
+                            pool=f"{stats['pool_acc']:.2f}", beta=f"{beta:.2f}")
     return global_step, time.perf_counter() - t_start
 
 

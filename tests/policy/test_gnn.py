@@ -64,7 +64,7 @@ def test_recorded_steps_score_the_same_in_training(reserve_busy: bool, premium: 
     for req, graphs in [big_request(60, 12), _cpu_busy_gpu_free(120, 24, 4),
                         *[(r, g) for r, g in mixed_requests() if r.ready]]:
         dec = placer.decode(req, graphs)
-        logp, _, _ = placer.model.step_forward(collate_steps([(dec.batch, dec.steps)]))
+        logp = placer.model.step_forward(collate_steps([(dec.batch, dec.steps)])).logp
         assert float(logp.sum().detach()) == pytest.approx(dec.logp, rel=1e-4, abs=1e-4)
         placed = [st.action[0] for st in dec.steps if st.action is not None]
         assert [r for r in placed if dec.actions[r] >= 0] == dec.placed_order

@@ -49,14 +49,36 @@ def test_step_forward_segment_softmax() -> None:
     assert st.entry_step.tolist() == [0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2]
     assert st.target.tolist()[1] == -1
     model = _model(hidden=8, layers=1)
-    logp, entropy, value = model.step_forward(st)
+    logp, entropy, value, _ = model.step_forward(st)
     assert logp.shape == (3,) and entropy.shape == (3,) and value.shape == (2,)
     assert (logp <= 0).all() and (entropy >= 0).all()
     # a step with one choice forced away (stop not allowed) still normalises
     st.stop_ok[:] = False
     st.target[1] = 4
-    logp2, _, _ = model.step_forward(st)
+    logp2 = model.step_forward(st).logp
     assert torch.isfinite(logp2).all()
+
+
+def test_pool_marginal_sums_the_steps_choices_on_that_pool() -> None:
+    """``logp_pool`` of a step is the log of the summed probabilities of its entries on the
+    chosen pool (here c and b on the GPU), whichever row the step chose; stop is its own."""
+    req, graphs = diamond_request()
+    fb = featurize(req, graphs)
+    gpu = [p.name for p in req.pools].index("gpu")
+    steps = [Step(np.zeros(3), np.array([1, 0]), (1, gpu)), Step(np.eye(3)[gpu], np.array([0]), None)]
+    st = collate_steps([(fb, steps)])
+    model = _model(hidden=8, layers=1)
+    scores = model.step_forward(st)
+    on_gpu = [int(e) for e in torch.nonzero((st.entry_step == 0) & (st.entry_pool == gpu)).flatten()]
+    assert len(on_gpu) == 2
+    each = []
+    for e in on_gpu:
+        st.target[0] = e
+        each.append(model.step_forward(st).logp[0])
+        assert torch.allclose(model.step_forward(st).logp_pool, scores.logp_pool)
+    assert torch.allclose(scores.logp_pool[0], torch.logsumexp(torch.stack(each), 0))
+    assert scores.logp_pool[0] > scores.logp[0]
+    assert torch.allclose(scores.logp_pool[1], scores.logp[1])  # stop
 
 
 def test_gradients_reach_every_parameter() -> None:

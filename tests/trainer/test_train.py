@@ -4,6 +4,7 @@ trained policy beats random placement in the simulator; the CLI writes a loadabl
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -179,6 +180,35 @@ def test_trailing_reservations_become_a_stop_where_the_student_may_stop(premium:
     Simulator(catalogue, jobs, Probe(), seed=4, config=sim_config(args)).run()
     if premium:
         assert seen["trimmed"] > 0 and seen["steps"] < seen["trace"], seen
+
+
+def test_pool_loss_teaches_the_teacher_s_pools() -> None:
+    """With ``pool_loss`` the same updates from the same weights fit the teacher's pools
+    (``cost-cp``: premium GPU or not, or hold) better than the exact-row loss alone; the pool's
+    likelihood is at least the exact step's; the weight may not be negative."""
+    args = Args(workflows="etl", heldout="", threads=1, reserve_busy=1, premium_ratio=3, epochs=1, lr=1e-2)
+    catalogue = load_catalogue(args.pools)
+    setting = settings_from("etl", seed=1)[0]
+    setting.teacher = "cost-cp"
+    torch.manual_seed(0)
+    init = PlacementGNN(ModelConfig(hidden=16, layers=2))
+    samples = collect(setting, catalogue, GNNPlacer(init, reserve_busy=True, premium_ratio=3), True, n_runs=6,
+                      seed=3, args=args)
+    assert len(samples) > 10
+    assert imitation_nll(init, samples, pool=True) <= imitation_nll(init, samples)
+    fitted = {}
+    for weight in (0.0, 3.0):
+        model = PlacementGNN(init.config)
+        model.load_state_dict(init.state_dict())
+        opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+        rng = np.random.default_rng(0)
+        for _ in range(4):
+            stats = bc_update(model, opt, samples, dataclasses.replace(args, pool_loss=weight), rng)
+        assert stats["pool_acc"] >= stats["step_acc"]
+        fitted[weight] = imitation_nll(model, samples, pool=True)
+    assert fitted[3.0] < fitted[0.0], fitted
+    with pytest.raises(ValueError, match="pool_loss must be >= 0"):
+        Args(pool_loss=-1)
 
 
 def test_time_scale_randomises_training_streams_only() -> None:
