@@ -221,6 +221,13 @@ class StepScores(NamedTuple):
     logp_pool: Tensor
 
 
+def segment_logsumexp(x: Tensor, index: Tensor, size: int) -> Tensor:
+    """``[size]``: the log-sum-exp of ``x`` per segment ``index`` (stable: shifted by each
+    segment's maximum; an empty segment gives ``-inf``)."""
+    peak = scatter(x, index, dim=0, dim_size=size, reduce="max")
+    return torch.log(scatter(torch.exp(x - peak[index]), index, dim=0, dim_size=size, reduce="sum")) + peak
+
+
 def step_entries(fb: FeatureBatch, step: Step) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(rows [m], pools [m], x [m, F_PAIR])``: the (remaining row, pool) choices of one step,
     row-major; a row with no feasible pool keeps every pool (it must still go somewhere). A
@@ -410,9 +417,7 @@ class PlacementGNN(nn.Module):
         stop_logits = stop_logits.masked_fill(~st.stop_ok, NEG_INF)
         logits = torch.cat([entry_logits, stop_logits])
         index = torch.cat([st.entry_step, torch.arange(k, device=logits.device)])
-        peak = scatter(logits, index, dim=0, dim_size=k, reduce="max")
-        lse = torch.log(scatter(torch.exp(logits - peak[index]), index, dim=0, dim_size=k, reduce="sum"))
-        logp = logits - (lse + peak)[index]
+        logp = logits - segment_logsumexp(logits, index, k)[index]
         stop_pos = entry_logits.shape[0] + torch.arange(k, device=logits.device)
         target = torch.where(st.target >= 0, st.target, stop_pos)
         p = torch.exp(logp)
@@ -421,10 +426,7 @@ class PlacementGNN(nn.Module):
         value = self.value(torch.cat([pooled, g], dim=-1)).squeeze(-1)
         n_pools = bt.pool_x.shape[1]
         seg = st.entry_step * n_pools + st.entry_pool  # (step, pool) of each entry
-        e_logp = logp[: entry_logits.shape[0]]
-        seg_peak = scatter(e_logp, seg, dim=0, dim_size=k * n_pools, reduce="max")
-        seg_lse = torch.log(scatter(torch.exp(e_logp - seg_peak[seg]), seg, dim=0, dim_size=k * n_pools,
-                                    reduce="sum")) + seg_peak
+        seg_lse = segment_logsumexp(logp[: entry_logits.shape[0]], seg, k * n_pools)
         chosen = torch.where(st.target >= 0, st.target, 0)
         logp_pool = torch.where(st.target >= 0, seg_lse[seg[chosen]] if len(seg) else logp[target],
                                 logp[stop_pos])
