@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import logging
 import math
@@ -205,12 +206,39 @@ class Args:
                              f"{self.rl_clip_coef!r}, {self.rl_lr!r}")
 
 
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field's ``#:`` comment in ``cls``'s source; a comment covers the fields that follow
+    it up to the next comment (``#: offered load and duration noise`` documents both)."""
+    try:
+        lines = inspect.getsource(cls).splitlines()
+    except (OSError, TypeError):  # no source (a frozen build): flags keep their defaults only
+        return {}
+    docs: dict[str, str] = {}
+    block: list[str] = []
+    in_comment = False
+    for line in lines:
+        text = line.strip()
+        if text.startswith("#:"):
+            if not in_comment:
+                block = []
+            block.append(text[2:].strip())
+            in_comment = True
+            continue
+        in_comment = False
+        field = re.match(r"(\w+)\s*:", text)
+        if field and block:
+            docs[field.group(1)] = " ".join(block)
+    return docs
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    docs = field_docs(Args)
     for f in dataclasses.fields(Args):
         default = f.default
         flag = "--" + f.name.replace("_", "-")
+        text = docs.get(f.name, "").replace("%", "%%")
         parser.add_argument(flag, type=type(default), default=default, dest=f.name,
-                            help=f"(default: {default!r})")
+                            help=f"{text} (default: {default!r})".lstrip())
 
 
 # --- the pieces --------------------------------------------------------------------------------

@@ -58,6 +58,20 @@ def test_imitation_loss_falls_and_beats_random() -> None:
     assert trained < random, (trained, random)
 
 
+def test_every_flag_says_what_it_does() -> None:
+    """``drl-trainer train --help`` shows each ``Args`` field's ``#:`` comment; a comment covers
+    the fields after it up to the next one (``--load`` and ``--duration-noise`` share theirs)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    helps = {a.dest: a.help or "" for a in parser._actions if a.dest != "help"}
+    assert set(helps) == {f.name for f in dataclasses.fields(Args)}
+    assert all(not h.startswith("(default") for h in helps.values()), [d for d, h in helps.items()
+                                                                        if h.startswith("(default")]
+    assert helps["pool_loss"].startswith("weight of the cross-entropy of the teacher's pool")
+    assert helps["load"] == helps["duration_noise"].replace("0.3)", "0.85)")
+    parser.format_help()  # a '%' in a comment would break argparse's formatting
+
+
 def test_cli_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
