@@ -200,7 +200,7 @@ def _coerce(name: str, type_name: Any, raw: str, cls: type) -> Any:
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """One ``--flag`` per :class:`ServerConfig` field; unset flags fall back to env / defaults."""
-    docs = _field_docs()
+    docs = field_docs(ServerConfig)
     for f in fields(ServerConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.name == "redis_url":
@@ -213,17 +213,28 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                             help=help_text.replace("%", "%%"))
 
 
-def _field_docs() -> dict[str, str]:
-    """The ``#:`` comments above each field, for ``--help``."""
+def field_docs(cls: type) -> dict[str, str]:
+    """Each dataclass field's ``#:`` comment in ``cls``'s source, for ``--help``; a comment covers
+    the fields after it up to the next comment (``#: offered load and duration noise`` documents
+    both). Without the source (a frozen build) flags keep their defaults only."""
     import inspect
 
+    names = {f.name for f in fields(cls)}
+    try:
+        lines = inspect.getsource(cls).splitlines()
+    except (OSError, TypeError):
+        return {}
     docs: dict[str, str] = {}
-    pending: list[str] = []
-    for line in inspect.getsource(ServerConfig).splitlines():
-        s = line.strip()
-        if s.startswith("#:"):
-            pending.append(s[2:].strip())
-        elif ":" in s and pending and not s.startswith(("def", "@", "\"")):
-            docs[s.split(":", 1)[0].strip()] = " ".join(pending)
-            pending = []
+    block: list[str] = []
+    in_comment = False
+    for line in lines:
+        text = line.strip()
+        if text.startswith("#:"):
+            block = [*block, text[2:].strip()] if in_comment else [text[2:].strip()]
+            in_comment = True
+            continue
+        in_comment = False
+        name = text.split(":", 1)[0].strip()
+        if name in names and block:
+            docs[name] = " ".join(block)
     return docs

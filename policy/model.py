@@ -427,10 +427,11 @@ class PlacementGNN(nn.Module):
         n_pools = bt.pool_x.shape[1]
         seg = st.entry_step * n_pools + st.entry_pool  # (step, pool) of each entry
         seg_lse = segment_logsumexp(logp[: entry_logits.shape[0]], seg, k * n_pools)
-        chosen = torch.where(st.target >= 0, st.target, 0)
-        logp_pool = torch.where(st.target >= 0, seg_lse[seg[chosen]] if len(seg) else logp[target],
-                                logp[stop_pos])
-        return StepScores(logp[target], entropy, value, logp_pool)
+        logp_target = logp[target]
+        logp_pool = logp_target.clone()  # a stop is its own pool
+        placed = st.target >= 0
+        logp_pool[placed] = seg_lse[seg[st.target[placed]]]
+        return StepScores(logp_target, entropy, value, logp_pool)
 
     # --- the whole thing ----------------------------------------------------------------------
 

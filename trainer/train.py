@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import json
 import logging
 import math
@@ -57,6 +56,7 @@ import torch
 
 from policy.catalogue import Catalogue, load_catalogue
 from policy.checkpoint import load_checkpoint, save_checkpoint
+from policy.config import field_docs
 from policy.features import (
     HOLD_RATIO,
     FeatureBatch,
@@ -204,31 +204,6 @@ class Args:
         if self.rl_temperature <= 0 or self.rl_clip_coef <= 0 or self.rl_lr <= 0:
             raise ValueError(f"rl_temperature, rl_clip_coef and rl_lr must be > 0, got {self.rl_temperature!r}, "
                              f"{self.rl_clip_coef!r}, {self.rl_lr!r}")
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """Each field's ``#:`` comment in ``cls``'s source; a comment covers the fields that follow
-    it up to the next comment (``#: offered load and duration noise`` documents both)."""
-    try:
-        lines = inspect.getsource(cls).splitlines()
-    except (OSError, TypeError):  # no source (a frozen build): flags keep their defaults only
-        return {}
-    docs: dict[str, str] = {}
-    block: list[str] = []
-    in_comment = False
-    for line in lines:
-        text = line.strip()
-        if text.startswith("#:"):
-            if not in_comment:
-                block = []
-            block.append(text[2:].strip())
-            in_comment = True
-            continue
-        in_comment = False
-        field = re.match(r"(\w+)\s*:", text)
-        if field and block:
-            docs[field.group(1)] = " ".join(block)
-    return docs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
