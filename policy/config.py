@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 from policy.errors import PolicyError
-from policy.features import HOLD_RATIO, check_hold_ratio
+from policy.features import HOLD_RATIO, check_hold_ratio, check_premium_ratio
 from policy.transport import DEFAULT_PREFIX
 
 ENV_PREFIX = "DRL_POLICY_"
@@ -88,6 +88,11 @@ class ServerConfig:
     #: estimated finish is within this factor of its best (inf: work-conserving; 1: refused only
     #: while its best pool is free, the rule before the work-conserving stop).
     hold_ratio: float = HOLD_RATIO
+    #: The GNN's premium gate, a hard constraint after the policy: a task off its run's
+    #: remaining critical path may not take a pool priced more than this factor x its cheapest
+    #: feasible pool per unit of its work (``cost-cp``'s rule; 0: off; unset: as the checkpoint
+    #: was trained, ``training.cp_gate`` in its manifest).
+    cp_gate: float | None = None
     #: The GNN's one-request greedy steps: auto (compiled with numba where it is installed),
     #: compiled, or numpy.
     step_kernel: str = "auto"
@@ -150,6 +155,11 @@ class ServerConfig:
             check_hold_ratio(self.hold_ratio)
         except ValueError as exc:
             raise ConfigError(f"hold_ratio: {exc}") from None
+        if self.cp_gate is not None:
+            try:
+                check_premium_ratio(self.cp_gate, "cp_gate")
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         if self.step_kernel not in STEP_KERNELS:
             raise ConfigError(f"step_kernel: expected one of {STEP_KERNELS}, got {self.step_kernel!r}")
         if self.step_kernel == "compiled" and importlib.util.find_spec("numba") is None:
@@ -191,7 +201,7 @@ def _coerce(name: str, type_name: Any, raw: str, cls: type) -> Any:
     try:
         if kind == "int":
             return int(raw)
-        if kind == "float":
+        if kind in ("float", "float | None"):
             return float(raw)
     except ValueError as exc:
         raise ConfigError(f"{ENV_PREFIX}{name.upper()}: expected a {kind}, got {raw!r}") from exc
@@ -206,7 +216,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         if f.name == "redis_url":
             flag = "--redis"
         kind = str(f.type)
-        typ: Any = int if kind == "int" else float if kind == "float" else str
+        typ: Any = int if kind == "int" else float if kind in ("float", "float | None") else str
         default = f.default if f.default is not MISSING else "host-pid"
         help_text = f"{docs.get(f.name, '')} (env {ENV_PREFIX}{f.name.upper()}; default: {default})"
         parser.add_argument(flag, dest=f.name, type=typ, default=None,

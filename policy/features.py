@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -242,6 +242,8 @@ class PairStatic:
     #: and the count of each row ``[P]``
     free_pad: np.ndarray | None = None
     free_n: np.ndarray | None = None
+    #: ``[R, P]`` the pairs :func:`gate_premium` took out of ``mask`` (None: no gate)
+    gated: np.ndarray | None = None
 
     @property
     def top(self) -> np.ndarray:
@@ -590,6 +592,7 @@ def featurize(
     assigned: Sequence[int] | None = None,
     *,
     pairs: bool = True,
+    cp_gate: float = 0.0,
 ) -> FeatureBatch:
     """Build the :class:`FeatureBatch` of ``request``.
 
@@ -597,7 +600,8 @@ def featurize(
     made for the batch, e.g. a teacher's: the pair features of each row then count the backlog of
     the rows decoded before it. Without it every row sees the pools as the request reports them.
     ``pairs=False`` leaves ``pair_x``/``mask`` zero for a caller that fills them while decoding
-    (:class:`policy.gnn.GNNPlacer`).
+    (:class:`policy.gnn.GNNPlacer`). ``cp_gate`` (0 = off): :func:`gate_premium`'s hard
+    constraint, premium pools only for the tasks on their run's remaining critical path.
     """
     if assigned is not None and len(assigned) != len(request.ready):
         raise SchemaError(f"assigned: {len(assigned)} choices for {len(request.ready)} ready tasks")
@@ -670,6 +674,8 @@ def featurize(
     mask = np.zeros((len(request.ready), len(pools)), dtype=bool)
     placed = np.zeros(len(pools), dtype=np.float64)
     ps = pair_static(tasks, pools, request.created_at)
+    if cp_gate and len(request.ready):
+        ps = gate_premium(ps, up < rem, cp_gate)
     for i in order if pairs else ():
         pair_x[i], mask[i] = pair_row(ps, int(i), placed)
         if assigned is not None:
@@ -714,10 +720,11 @@ RESERVE_BUSY = False
 PREMIUM_RATIO = 0.0
 
 
-def check_premium_ratio(ratio: float) -> float:
-    """``ratio`` if it is a valid premium ratio (0 = off, or >= 1), else ``ValueError``."""
+def check_premium_ratio(ratio: float, name: str = "premium_ratio") -> float:
+    """``ratio`` if it is a valid premium ratio (0 = off, or >= 1), else ``ValueError`` naming
+    the setting ``name``."""
     if not (ratio == 0.0 or ratio >= 1.0) or math.isinf(ratio):
-        raise ValueError(f"premium_ratio must be 0 (off) or a finite ratio >= 1, got {ratio!r}")
+        raise ValueError(f"{name} must be 0 (off) or a finite ratio >= 1, got {ratio!r}")
     return float(ratio)
 
 
@@ -727,6 +734,24 @@ def guard_fit(ps: PairStatic, rows: np.ndarray, fit: np.ndarray, ratio: float) -
     if not ratio:
         return fit
     return fit & ~(ps.cost[rows] > ratio * ps.best_cost[rows, None])
+
+
+#: Premium pools only for critical-path tasks, as a hard constraint after the policy (0 = off;
+#: ``drl-policy serve --cp-gate``, ``GNNPlacer(cp_gate=)``): a ready task off its run's remaining
+#: critical path (its upward rank below the longest among the run's ready and running tasks)
+#: may not take a pool whose cost per unit of its work is more than this factor x its cheapest
+#: feasible pool's. ``cost-cp``'s rule (``trainer.baselines.rules.CriticalPathCost``) as a mask:
+#: the policy still orders the tasks and picks among the pools left (docs/policy.md).
+CP_GATE = 0.0
+
+
+def gate_premium(ps: PairStatic, off_cp: np.ndarray, ratio: float) -> PairStatic:
+    """``ps`` with the premium pools (cost per unit of work more than ``ratio`` x the row's
+    cheapest feasible pool's) masked for the rows ``off_cp [R]`` (:data:`CP_GATE`). A row keeps
+    its cheapest feasible pool, so no feasible row is left without one."""
+    premium = ps.cost > check_premium_ratio(ratio, "cp_gate") * ps.best_cost[:, None]
+    gated = ps.mask & off_cp[:, None] & premium
+    return replace(ps, mask=ps.mask & ~gated, gated=gated)
 
 
 def reserves(free: Any, top: Any) -> Any:

@@ -64,6 +64,7 @@ from policy.batch_decoder import compiled_steps, decode_greedy, row_evidence, so
 from policy.checkpoint import Checkpoint, load_checkpoint
 from policy.config import STEP_KERNELS
 from policy.features import (
+    CP_GATE,
     DYNAMIC_PAIR_COLUMNS,
     HOLD_RATIO,
     PAIR_FEATURES,
@@ -139,6 +140,7 @@ class GNNPlacer:
         hold_ratio: float = HOLD_RATIO,
         reserve_busy: bool = RESERVE_BUSY,
         premium_ratio: float = PREMIUM_RATIO,
+        cp_gate: float = CP_GATE,
         explain: bool = True,
         step_kernel: str = "auto",
     ) -> None:
@@ -153,6 +155,7 @@ class GNNPlacer:
         self.hold_ratio = check_hold_ratio(hold_ratio)
         self.reserve_busy = bool(reserve_busy)
         self.premium_ratio = check_premium_ratio(premium_ratio)
+        self.cp_gate = check_premium_ratio(cp_gate, "cp_gate")
         self.explain = explain
         self.rng = np.random.default_rng(seed)
         self._embed: LRU[tuple[str, str], tuple[Tensor, Tensor]] = LRU(_EMBED_CACHE_SIZE)
@@ -176,6 +179,7 @@ class GNNPlacer:
         ckpt: Checkpoint = load_checkpoint(path, device=device)
         kwargs.setdefault("reserve_busy", reserve_busy_of(ckpt.manifest))
         kwargs.setdefault("premium_ratio", premium_ratio_of(ckpt.manifest))
+        kwargs.setdefault("cp_gate", cp_gate_of(ckpt.manifest))
         return cls(ckpt.model, version=ckpt.version, manifest=ckpt.manifest, device=device, **kwargs)
 
     def clear_cache(self) -> None:
@@ -230,7 +234,7 @@ class GNNPlacer:
     ) -> Decoded:
         """Decide the ready tasks of ``request`` step by step (see the module docstring)."""
         temp = self.temperature if temperature is None else temperature
-        return self._decode_features(featurize(request, graphs, pairs=False), temp, record=True)
+        return self._decode_features(featurize(request, graphs, pairs=False, cp_gate=self.cp_gate), temp, record=True)
 
     @torch.no_grad()
     def _decode_features(self, fb: FeatureBatch, temp: float, *, record: bool = False) -> Decoded:
@@ -355,7 +359,7 @@ class GNNPlacer:
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
         """Decisions in dispatch order; tasks the policy holds (stop) get none and stay ready."""
-        dec = self._decode_features(featurize(request, graphs, pairs=False), self.temperature)
+        dec = self._decode_features(featurize(request, graphs, pairs=False, cp_gate=self.cp_gate), self.temperature)
         return self._decisions(dec, dec.placed_order)
 
     def place_many(
@@ -371,7 +375,7 @@ class GNNPlacer:
         """
         if len(requests) != len(graphs):
             raise ValueError(f"place_many: {len(requests)} requests but {len(graphs)} graph maps")
-        fbs = [featurize(r, g, pairs=False) for r, g in zip(requests, graphs, strict=True)]
+        fbs = [featurize(r, g, pairs=False, cp_gate=self.cp_gate) for r, g in zip(requests, graphs, strict=True)]
         batched = [i for i, fb in enumerate(fbs) if fb.num_ready and fb.num_pools]
         if self.temperature > 0 or len(batched) < 2:
             return [self._decisions(dec, dec.placed_order)
@@ -442,12 +446,16 @@ class GNNPlacer:
         choices = dec.actions[rows].tolist()
         scores = dec.probs[rows, dec.actions[rows]].tolist()
         fits = np.asarray(fb.mask[rows].any(axis=1)).tolist()
+        gated = fb.pairs.gated
         out: list[Decision] = []
         for i, choice, score, reason, fit in zip(order, choices, scores, reasons, fits, strict=True):
             pool = fb.pools[choice]
             if not fit:
                 t = fb.tasks[i]
                 reason += f"; no pool fits cpus={t.cpus:g} mem={t.memory_gb:g}GB gpus={t.gpus:g}"
+            if gated is not None and gated[i].any():
+                names = ",".join(p.name for p, g in zip(fb.pools, gated[i], strict=True) if g)
+                reason += f"; off the critical path: premium {names} gated (cp_gate {self.cp_gate:g})"
             ready = fb.ready[i]
             out.append(
                 Decision(
@@ -478,6 +486,12 @@ def premium_ratio_of(manifest: Mapping[str, Any]) -> float:
     """The premium ratio of a checkpoint's decoder guards (``training.premium_ratio`` in its
     manifest, :data:`~policy.features.PREMIUM_RATIO`: 0, off, for checkpoints that predate it)."""
     return check_premium_ratio(float((manifest.get("training") or {}).get("premium_ratio", PREMIUM_RATIO)))
+
+
+def cp_gate_of(manifest: Mapping[str, Any]) -> float:
+    """The premium gate a checkpoint was trained with (``training.cp_gate`` in its manifest,
+    :data:`~policy.features.CP_GATE`: 0, off, for checkpoints that predate it)."""
+    return check_premium_ratio(float((manifest.get("training") or {}).get("cp_gate", CP_GATE)), "cp_gate")
 
 
 def reserve_busy_of(manifest: Mapping[str, Any]) -> bool:

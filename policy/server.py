@@ -140,12 +140,13 @@ class PolicyServer:
         if placer is None and config.placer != "eft" and config.registry:
             _torch_threads(config.torch_threads)
             ensure_active(config.registry)
+            gnn_kwargs: dict[str, Any] = {"temperature": config.temperature, "seed": config.seed,
+                                          "hold_ratio": config.hold_ratio, "step_kernel": config.step_kernel}
+            if config.cp_gate is not None:  # unset: as the checkpoint was trained
+                gnn_kwargs["cp_gate"] = config.cp_gate
             self.registry = ModelRegistry(
                 config.registry,
-                loader=loader or functools.partial(
-                    gnn_loader, temperature=config.temperature, seed=config.seed,
-                    hold_ratio=config.hold_ratio, step_kernel=config.step_kernel,
-                ),
+                loader=loader or functools.partial(gnn_loader, **gnn_kwargs),
                 device=config.device,
                 poll_s=config.registry_poll_s,
                 on_failure=lambda reason: self.metrics.model_load_failures.inc(),

@@ -99,8 +99,9 @@ def simulate(
     elif name.startswith("cp-"):  # cost-cp variants: cp-<ratio>[-free]
         ratio, _, free = name[3:].partition("-")
         placer = CriticalPathCost(catalogue, ratio=float(ratio), premium_free_slots=free == "free")
-    elif name.startswith("drl:"):  # a learned policy: drl:CHECKPOINT
-        placer = make_placer("drl", catalogue, seed, checkpoint=name[4:])
+    elif name.startswith("drl:"):  # a learned policy: drl:CHECKPOINT[@GATE] (GATE: cp_gate)
+        ckpt, _, gate = name[4:].partition("@")
+        placer = make_placer("drl", catalogue, seed, checkpoint=ckpt, cp_gate=float(gate) if gate else None)
     else:
         placer = make_placer(name, catalogue, seed)
     sim = Simulator(catalogue, jobs, placer, seed=seed, config=SimConfig(duration_noise=0.3))
@@ -118,7 +119,8 @@ def main() -> None:
     ap.add_argument("--load", type=float, default=0.85)
     ap.add_argument("--cp", default="", help="comma list of cost-cp variants: RATIO or RATIO-free "
                     "(tasks with slack may also take a premium pool's free slot)")
-    ap.add_argument("--checkpoints", default="", help="comma list of learned-policy checkpoints to add")
+    ap.add_argument("--checkpoints", default="", help="comma list of learned-policy checkpoints to add, "
+                    "each DIR or DIR@GATE (decoded with that cp_gate: premium pools only for critical-path tasks)")
     ap.add_argument("--pools", default="policy/catalogues/gpu-affinity.yaml")
     ap.add_argument("--jobs", type=int, default=1)
     args = ap.parse_args()

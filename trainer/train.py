@@ -109,6 +109,11 @@ class Args:
     #: free premium slot is a step the policy can take and imitation can teach; the checkpoint
     #: records it and decodes so when loaded; 0 = off
     premium_ratio: float = 0.0
+    #: > 0: premium pools (priced more than this factor x the task's cheapest feasible one per
+    #: unit of its work) are masked for tasks off their run's remaining critical path, in
+    #: imitation, PPO and evaluation (``policy.features.CP_GATE``, ``cost-cp``'s rule as a hard
+    #: constraint); the checkpoint records it and decodes so when loaded; 0 = off
+    cp_gate: float = 0.0
     #: domain randomisation of time scale: each imitation and PPO stream has its task durations
     #: multiplied by one factor drawn log-uniformly from [1 / time_scale, time_scale], so the
     #: policy meets short and long jobs against the same boot delays; teacher choice and
@@ -197,6 +202,7 @@ class Args:
         if self.reserve_busy not in (0, 1):
             raise ValueError(f"reserve_busy must be 0 or 1, got {self.reserve_busy!r}")
         check_premium_ratio(self.premium_ratio)
+        check_premium_ratio(self.cp_gate, "cp_gate")
         if self.pool_loss < 0:
             raise ValueError(f"pool_loss must be >= 0, got {self.pool_loss!r}")
         if not 0.0 < self.rl_size_start <= 1.0:
@@ -289,8 +295,8 @@ def teacher_steps(fb: FeatureBatch, decisions: Sequence[Decision],
     for run_key, task_id, pool, _ in choices:
         r = row_of.get((run_key, task_id))
         j = pool_of.get(pool)
-        if r is None or j is None or r not in rows:
-            return None
+        if r is None or j is None or r not in rows or (fb.pairs.mask[r].any() and not fb.pairs.mask[r, j]):
+            return None  # not a step the student can take (e.g. a pool its cp_gate masks)
         steps.append(Step(placed.copy(), rows.copy(), (r, j), bool(busy_anywhere or placed.sum() > 0), late, premium))
         placed[j] += 1
         rows = rows[rows != r]
@@ -341,8 +347,9 @@ def _trim_reservations(fb: FeatureBatch, steps: list[Step], sent: Sequence[bool]
 
 
 def policy_placer(model: PlacementGNN, args: Args, **kwargs: Any) -> GNNPlacer:
-    """The learned policy decoding as ``args`` train it (late binding, premium pools' guards)."""
-    return GNNPlacer(model, reserve_busy=bool(args.reserve_busy), premium_ratio=args.premium_ratio, **kwargs)
+    """The learned policy decoding as ``args`` train it (late binding, premium pools' guards and gate)."""
+    return GNNPlacer(model, reserve_busy=bool(args.reserve_busy), premium_ratio=args.premium_ratio,
+                     cp_gate=args.cp_gate, **kwargs)
 
 
 class _Recorder:
@@ -357,7 +364,7 @@ class _Recorder:
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
         taught = self.teacher.place(request, graphs)
-        fb = featurize(request, graphs, pairs=False)
+        fb = featurize(request, graphs, pairs=False, cp_gate=self.student.cp_gate)
         steps = teacher_steps(fb, taught, getattr(self.teacher, "trace", ()) if self.reservations else (),
                               self.reservations, self.student.premium_ratio, self.student.hold_ratio)
         if steps:

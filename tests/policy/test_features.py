@@ -219,3 +219,49 @@ def test_rank_over_remaining_cp_marks_the_run_s_critical_path() -> None:
     behind = column((f"t{top_running}",))
     assert behind.tolist() == pytest.approx([rank[i] / rank[top_running] for i in ready])
     assert behind.max() < 1.0
+
+
+def test_cp_gate_masks_premium_pools_off_the_critical_path() -> None:
+    """``cp_gate`` (``cost-cp``'s rule as a hard constraint): a ready task off its run's remaining
+    critical path loses the feasible pools whose price per unit of its work is more than the gate
+    x its cheapest feasible pool's; a task on the path, a task with one feasible pool, and every
+    task without the gate keep the plain mask; no feasible task is left without a pool. The
+    expected mask is computed here from the catalogue's prices and speeds, not from features."""
+    g = random_dag(120, 2, run_key="dag/gate")
+    rank = view(g).rank
+    ready = list(range(0, 42, 3))  # CPU tasks and every 7th a GPU one (random_dag)
+    pools = big_request()[0].pools
+    top_running = max((i for i in range(120) if i not in ready), key=lambda i: rank[i])
+
+    def masks(running: tuple[str, ...], gate: float) -> np.ndarray:
+        req = PlacementRequest("req-gate", ready=tuple(ReadyTask(g.run_key, f"t{i}") for i in ready), pools=pools,
+                               runs=(g,), progress=(RunProgress(g.run_key, running=running),))
+        return featurize(req, {g.run_key: g}, cp_gate=gate).pairs.mask
+
+    for running in ((), (f"t{top_running}",)):
+        plain = masks(running, 0.0)
+        crit = max([rank[i] for i in ready] + [rank[top_running]] * bool(running))
+        for gate in (2.0, 3.0):
+            gated = masks(running, gate)
+            want = plain.copy()
+            for r, i in enumerate(ready):
+                task = g.tasks[i]
+                per_work = np.array([p.price_per_hour / p.speed_for(task.kind) for p in pools])
+                cheapest = per_work[plain[r]].min()
+                if rank[i] < crit:
+                    want[r] &= ~(per_work > gate * cheapest * (1 + 1e-9))
+            assert (gated == want).all()
+            assert (gated.any(axis=1) == plain.any(axis=1)).all()
+        gpu = [p.name for p in pools].index("gpu")
+        gpu_per_work = {i: pools[gpu].price_per_hour / pools[gpu].speed_for(g.tasks[i].kind) for i in ready}
+        small = next(p for p in pools if p.name == "cpu-small")
+        cpu_rows = [r for r, i in enumerate(ready)
+                    if plain[r].sum() > 1 and gpu_per_work[i] > 3.0 * small.price_per_hour / small.speed_for(g.tasks[i].kind)]
+        assert cpu_rows and plain[cpu_rows, gpu].all()  # the test can fail: CPU work may take the GPU ...
+        gated = masks(running, 3.0)
+        off = [r for r in cpu_rows if rank[ready[r]] < crit]
+        assert off and not gated[off, gpu].any()  # ... but not off the critical path at gate 3
+        on = [r for r in cpu_rows if rank[ready[r]] >= crit]
+        assert gated[on, gpu].all()
+    with pytest.raises(ValueError, match="cp_gate"):
+        masks((), 0.5)

@@ -135,15 +135,17 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", ["numpy", "torch"] + (["compiled"] if step_kernel.AVAILABLE else []))
 @pytest.mark.parametrize("checkpoint", [None, "default"])
-@pytest.mark.parametrize(("allow_wait", "reserve_busy", "premium"),
-                         [(True, False, 0.0), (False, False, 0.0), (True, True, 0.0), (True, True, 3.0)])
+@pytest.mark.parametrize(("allow_wait", "reserve_busy", "premium", "gate"),
+                         [(True, False, 0.0, 0.0), (False, False, 0.0, 0.0), (True, True, 0.0, 0.0),
+                          (True, True, 3.0, 0.0), (True, True, 3.0, 3.0)])
 def test_place_many_decides_as_place(checkpoint: str | None, allow_wait: bool, reserve_busy: bool, premium: float,
-                                     backend: str, device: str) -> None:
+                                     gate: float, backend: str, device: str) -> None:
     """The batched decoder gives each request of a micro-batch exactly place()'s decisions:
     requests of 4 to 1,000 tasks with 0 to 64 ready rows, holds (stop), pinned tasks, a task
     no pool can hold, a pool down, a request with fewer pools, two runs in one request, and
     (``reserve_busy``) tasks that reserve a busy pool instead of being sent, with guards that
-    leave out premium pools (``premium_ratio``) or not. Its steps
+    leave out premium pools (``premium_ratio``) or not, and with premium pools masked off the
+    critical path (``cp_gate``). Its steps
     run on numpy arrays on the host (small batches), on torch tensors on the model's device, or
     request by request in the compiled steps (where numba is installed, the default): all are
     checked here, on the CPU and, where there is one, on a GPU (the model's parts
@@ -151,8 +153,10 @@ def test_place_many_decides_as_place(checkpoint: str | None, allow_wait: bool, r
     def make() -> GNNPlacer:
         if checkpoint:
             return GNNPlacer.from_checkpoint(ROOT / "policy" / "checkpoints" / checkpoint, allow_wait=allow_wait,
-                                             reserve_busy=reserve_busy, premium_ratio=premium, device=device)
-        return _placer(allow_wait=allow_wait, reserve_busy=reserve_busy, premium_ratio=premium, device=device)
+                                             reserve_busy=reserve_busy, premium_ratio=premium, cp_gate=gate,
+                                             device=device)
+        return _placer(allow_wait=allow_wait, reserve_busy=reserve_busy, premium_ratio=premium, cp_gate=gate,
+                       device=device)
 
     items = mixed_requests() + ([_cpu_busy_gpu_free(120, 24, 4)] if premium else [])
     requests, graphs = [r for r, _ in items], [g for _, g in items]
@@ -173,18 +177,19 @@ def test_place_many_decides_as_place(checkpoint: str | None, allow_wait: bool, r
 
 @pytest.mark.skipif(not step_kernel.AVAILABLE, reason="numba is not installed (the policy extra installs it)")
 @pytest.mark.parametrize("checkpoint", [None, "default"])
-@pytest.mark.parametrize(("allow_wait", "reserve_busy", "hold_ratio", "premium"),
-                         [(True, False, math.inf, 0.0), (False, False, math.inf, 0.0), (True, True, math.inf, 0.0),
-                          (True, True, 1.0, 0.0), (True, True, math.inf, 3.0), (True, False, math.inf, 3.0)])
+@pytest.mark.parametrize(("allow_wait", "reserve_busy", "hold_ratio", "premium", "gate"),
+                         [(True, False, math.inf, 0.0, 0.0), (False, False, math.inf, 0.0, 0.0),
+                          (True, True, math.inf, 0.0, 0.0), (True, True, 1.0, 0.0, 0.0), (True, True, math.inf, 3.0, 0.0),
+                          (True, False, math.inf, 3.0, 0.0), (True, True, math.inf, 3.0, 3.0)])
 def test_compiled_steps_decide_as_numpy_steps(checkpoint: str | None, allow_wait: bool, reserve_busy: bool,
-                                              hold_ratio: float, premium: float) -> None:
+                                              hold_ratio: float, premium: float, gate: float) -> None:
     """The compiled one-request steps (policy/step_kernel.py) give the numpy steps' decisions,
     dispatch order, reasons and evidence (probabilities, pair features, contributions) on the
     mixed requests and on 60 random ones (1-40 ready rows of 30-400-task runs on busy and idle
     clusters); the float32 sums may round differently in the last bits, nothing more."""
     def make(kernel: str) -> GNNPlacer:
         kw = dict(allow_wait=allow_wait, reserve_busy=reserve_busy, hold_ratio=hold_ratio, premium_ratio=premium,
-                  step_kernel=kernel)
+                  cp_gate=gate, step_kernel=kernel)
         if checkpoint:
             return GNNPlacer.from_checkpoint(ROOT / "policy" / "checkpoints" / checkpoint, **kw)  # type: ignore[arg-type]
         return _placer(**kw)
@@ -203,8 +208,8 @@ def test_compiled_steps_decide_as_numpy_steps(checkpoint: str | None, allow_wait
         items.append((req, graphs))
     held = placed = 0
     for req, graphs in items:
-        a = fast._decode_features(featurize(req, graphs, pairs=False), 0.0)
-        b = slow._decode_features(featurize(req, graphs, pairs=False), 0.0)
+        a = fast._decode_features(featurize(req, graphs, pairs=False, cp_gate=gate), 0.0)
+        b = slow._decode_features(featurize(req, graphs, pairs=False, cp_gate=gate), 0.0)
         assert a.actions.tolist() == b.actions.tolist() and a.placed_order == b.placed_order
         np.testing.assert_allclose(a.probs, b.probs, atol=1e-5)
         np.testing.assert_allclose(a.pair_contrib, b.pair_contrib, atol=1e-4)
@@ -357,6 +362,44 @@ def test_premium_ratio_is_recorded_and_checked(tmp_path: Path) -> None:
     for bad in (0.5, math.inf, math.nan, -1.0):
         with pytest.raises(ValueError, match="premium_ratio"):
             _placer(premium_ratio=bad)
+
+
+def test_cp_gate_keeps_premium_pools_for_the_critical_path(tmp_path: Path) -> None:
+    """With ``cp_gate`` a sampled decoder never sends a task off its run's critical path to a
+    premium pool (the GPU for CPU work, on a cluster whose CPU pools are full and the GPU idle):
+    they wait for the CPU pools instead, and the reasons of the ones sent say what was gated.
+    Without the gate it does send them there (the test can fail).
+    ``training.cp_gate`` in a manifest sets it (0, off, when absent); a bad gate is refused."""
+    from policy.graph import view
+
+    req, graphs = _cpu_busy_gpu_free(120, 24, 2)
+    g = view(graphs[req.ready[0].run_key])
+    crit = max(g.rank[g.index[r.task_id]] for r in req.ready)
+    off_cp = {r.task_id for r in req.ready if g.rank[g.index[r.task_id]] < crit}
+    sent: dict[float, int] = {}
+    said: dict[float, int] = {}
+    for gate in (0.0, 3.0):
+        placer = _placer(temperature=3.0, seed=2, reserve_busy=True, cp_gate=gate)
+        sent[gate] = said[gate] = 0
+        for _ in range(10):
+            for d in placer.place(req, graphs):
+                sent[gate] += d.pool == "gpu" and d.task_id in off_cp
+                assert "gated" not in d.reason or gate > 0 and d.task_id in off_cp
+    assert sent[0.0] > 0 and sent[3.0] == 0
+    idle = replace(req, pools=big_request()[0].pools)  # every pool free: the off-path tasks are sent
+    for gate in (0.0, 3.0):
+        placer = _placer(temperature=3.0, seed=2, reserve_busy=True, cp_gate=gate)
+        said[gate] = sum("premium gpu gated (cp_gate 3)" in d.reason for d in placer.place(idle, graphs))
+    assert said[0.0] == 0 and said[3.0] > 0  # the reason says what the gate took out
+    model = PlacementGNN(ModelConfig(hidden=8, layers=1))
+    save_checkpoint(model, tmp_path / "gated", training={"cp_gate": 3.0})
+    save_checkpoint(model, tmp_path / "plain", training={})
+    assert GNNPlacer.from_checkpoint(tmp_path / "gated").cp_gate == 3.0
+    assert GNNPlacer.from_checkpoint(tmp_path / "gated", cp_gate=0.0).cp_gate == 0.0
+    assert GNNPlacer.from_checkpoint(tmp_path / "plain").cp_gate == 0.0
+    for bad in (0.5, math.inf, math.nan):
+        with pytest.raises(ValueError, match="cp_gate"):
+            _placer(cp_gate=bad)
 
 
 @pytest.mark.parametrize("allow_wait", [True, False])

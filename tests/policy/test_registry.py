@@ -122,9 +122,11 @@ def test_an_empty_registry_serves_the_packaged_default(tmp_path: Path, redis_url
     from policy.registry import DEFAULT_CHECKPOINT
     from policy.server import PolicyServer
 
-    server = PolicyServer(ServerConfig(redis_url=redis_url, placer="gnn", registry=str(tmp_path), hold_ratio=2.0))
+    server = PolicyServer(ServerConfig(redis_url=redis_url, placer="gnn", registry=str(tmp_path), hold_ratio=2.0,
+                                       cp_gate=3.0))
     assert server.placer.name == "drl"
     assert server.placer.hold_ratio == 2.0  # type: ignore[attr-defined]  # the setting reaches the GNN
+    assert server.placer.cp_gate == 3.0  # type: ignore[attr-defined]
     assert json.loads((tmp_path / MANIFEST).read_text())["checkpoint"] == str(DEFAULT_CHECKPOINT)
 
 

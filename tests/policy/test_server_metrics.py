@@ -64,6 +64,10 @@ def test_config_from_env_and_cli() -> None:
     # the GNN's stop guard: work-conserving by default, the earlier rule by setting
     assert ServerConfig().hold_ratio == float("inf")
     assert ServerConfig.from_sources({}, {"DRL_POLICY_HOLD_RATIO": "1"}).hold_ratio == 1.0
+    # the premium gate: as the checkpoint was trained unless set (0 turns it off)
+    assert ServerConfig().cp_gate is None
+    assert ServerConfig.from_sources({}, {"DRL_POLICY_CP_GATE": "3"}).cp_gate == 3.0
+    assert ServerConfig.from_sources({"cp_gate": 0.0}, {"DRL_POLICY_CP_GATE": "3"}).cp_gate == 0.0
     # the decode steps: compiled where numba is, by setting numpy
     assert ServerConfig().step_kernel == "auto"
     assert ServerConfig.from_sources({}, {"DRL_POLICY_STEP_KERNEL": "numpy"}).step_kernel == "numpy"
@@ -80,6 +84,7 @@ def test_config_from_env_and_cli() -> None:
         ({"reconnect_base_s": 2.0, "reconnect_max_s": 1.0}, "reconnect_max_s"),
         ({"skew_threshold": 1.5}, "skew_threshold"),
         ({"hold_ratio": 0.5}, "hold_ratio"),
+        ({"cp_gate": 0.5}, "cp_gate"),
         ({"step_kernel": "fast"}, "step_kernel"),
     ],
 )

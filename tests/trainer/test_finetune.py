@@ -52,17 +52,19 @@ def test_a_candidate_that_clears_the_gate_is_promoted(tmp_path: Path, registry: 
     assert set(report["scores"]) == {"incumbent", "candidate"}
 
 
-@pytest.mark.parametrize("reserve_busy", [0, 1])
-def test_a_candidate_decodes_busy_pools_as_its_incumbent(tmp_path: Path, reserve_busy: int) -> None:
-    # a checkpoint trained with reserve_busy is fine-tuned (and promoted) with it, and vice versa
+@pytest.mark.parametrize(("reserve_busy", "premium"), [(0, 0.0), (1, 0.0), (1, 3.0)])
+def test_a_candidate_decodes_busy_pools_as_its_incumbent(tmp_path: Path, reserve_busy: int, premium: float) -> None:
+    # a checkpoint trained with reserve_busy (and premium guards and gate) is fine-tuned (and
+    # promoted) with them, and vice versa
     incumbent = tmp_path / "models" / "late"
     save_checkpoint(load_checkpoint(ROOT / "policy" / "checkpoints" / "default").model, incumbent,
-                    training={"reserve_busy": reserve_busy})
+                    training={"reserve_busy": reserve_busy, "premium_ratio": premium, "cp_gate": premium})
     reg = tmp_path / "registry"
     activate(reg, incumbent)
     assert finetune(_args(tmp_path, reg, min_improvement=-10.0))["promoted"]
     promoted = GNNPlacer.from_checkpoint(json.loads((reg / MANIFEST).read_text())["checkpoint"])
     assert promoted.reserve_busy == bool(reserve_busy)
+    assert (promoted.premium_ratio, promoted.cp_gate) == (premium, premium)
 
 
 def test_a_candidate_that_does_not_win_is_not_promoted(tmp_path: Path, registry: Path) -> None:

@@ -196,6 +196,32 @@ def test_trailing_reservations_become_a_stop_where_the_student_may_stop(premium:
         assert seen["trimmed"] > 0 and seen["steps"] < seen["trace"], seen
 
 
+def test_a_cp_gated_student_is_taught_only_steps_it_can_take() -> None:
+    """With ``cp_gate`` the teacher's requests are featurized with the student's gate: every
+    ``cost-cp`` choice (the same rule, ratio 3) is a step the gated student can take, so no
+    request is dropped; ``srpt+eft`` sends work off the critical path to the premium GPU, and
+    those requests are dropped rather than taught a masked step (the test can fail: without the
+    gate they are kept). Every kept step has a finite likelihood; a bad gate is refused."""
+    args = Args(workflows="etl", heldout="", threads=1, reserve_busy=1, premium_ratio=3)
+    catalogue = load_catalogue(args.pools)
+    setting = settings_from("etl", seed=1)[0]
+    torch.manual_seed(0)
+    model = PlacementGNN(ModelConfig(hidden=8, layers=1))
+    kept = {}
+    for teacher in ("cost-cp", "srpt+eft"):
+        setting.teacher = teacher
+        for gate in (0.0, 3.0):
+            student = GNNPlacer(model, reserve_busy=True, premium_ratio=3, cp_gate=gate)
+            samples = collect(setting, catalogue, student, True, n_runs=6, seed=3,
+                              args=dataclasses.replace(args, cp_gate=gate))
+            assert np.isfinite(imitation_nll(model, samples))
+            kept[teacher, gate] = len(samples)
+    assert kept["cost-cp", 3.0] == kept["cost-cp", 0.0] > 10
+    assert kept["srpt+eft", 3.0] < kept["srpt+eft", 0.0], kept
+    with pytest.raises(ValueError, match="cp_gate"):
+        Args(cp_gate=0.5)
+
+
 def test_pool_loss_teaches_the_teacher_s_pools() -> None:
     """With ``pool_loss`` the same updates from the same weights fit the teacher's pools
     (``cost-cp``: premium GPU or not, or hold) better than the exact-row loss alone; the pool's

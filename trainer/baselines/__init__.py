@@ -39,7 +39,7 @@ LEARNED = "drl"
 
 def make_placer(name: str, catalogue: Catalogue | None = None, seed: int = 0,
                 checkpoint: str | Path | None = None, hold_ratio: float | None = None,
-                reserve_busy: bool | None = None) -> Placer:
+                reserve_busy: bool | None = None, cp_gate: float | None = None) -> Placer:
     """A fresh placer (placers keep per-simulation state: build one per simulation).
 
     ``drl`` is the GNN policy loaded from ``checkpoint`` (default: the committed default
@@ -54,6 +54,8 @@ def make_placer(name: str, catalogue: Catalogue | None = None, seed: int = 0,
         extra: dict[str, float | bool] = {} if hold_ratio is None else {"hold_ratio": hold_ratio}
         if reserve_busy is not None:
             extra["reserve_busy"] = reserve_busy
+        if cp_gate is not None:
+            extra["cp_gate"] = cp_gate
         return GNNPlacer.from_checkpoint(checkpoint or DEFAULT_CHECKPOINT, device="cpu", **extra)
     if name == "random":
         return RandomPlacer(catalogue, seed)
