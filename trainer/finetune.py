@@ -41,7 +41,16 @@ from policy.errors import CheckpointError
 from policy.gnn import cp_gate_of, premium_ratio_of, reserve_busy_of
 from policy.registry import MANIFEST, activate, checkpoint_sha256
 from policy.replay import read_replay
-from trainer.train import METRIC, Args, Setting, choose_teachers, evaluate, imitate, settings_from
+from trainer.train import (
+    METRIC,
+    Args,
+    Setting,
+    add_dataclass_arguments,
+    choose_teachers,
+    evaluate,
+    imitate,
+    settings_from,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +75,7 @@ class FinetuneArgs:
     guard: str = "montecarlo;mlpipeline"
     #: fewer recorded runs than this: no training, the incumbent stays
     min_runs: int = 8
-    #: objective and simulated load (see ``drl-trainer train``)
+    #: objective, simulated load and duration noise (see ``drl-trainer train``)
     objective: str = "mean_jct"
     load: float = 0.85
     duration_noise: float = 0.3
@@ -76,6 +85,7 @@ class FinetuneArgs:
     #: evaluation streams: DAG runs per stream and streams
     eval_runs: int = 40
     eval_streams: int = 2
+    #: seed of the held-out split of the traces, of training and of the evaluation streams
     seed: int = 1
 
     def __post_init__(self) -> None:
@@ -86,10 +96,7 @@ class FinetuneArgs:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    for f in dataclasses.fields(FinetuneArgs):
-        default = f.default
-        parser.add_argument("--" + f.name.replace("_", "-"), type=type(default), default=default,
-                            help=f"(default: {default!r})")
+    add_dataclass_arguments(parser, FinetuneArgs)
 
 
 def _train_args(a: FinetuneArgs, hidden: int, layers: int, out: Path, reserve_busy: bool,

@@ -213,8 +213,14 @@ class Args:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    docs = field_docs(Args)
-    for f in dataclasses.fields(Args):
+    add_dataclass_arguments(parser, Args)
+
+
+def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """One ``--flag`` per field of the dataclass ``cls``, its help the field's ``#:`` comment
+    (``policy.config.field_docs``) and its default (``drl-trainer train`` and ``finetune``)."""
+    docs = field_docs(cls)
+    for f in dataclasses.fields(cls):
         default = f.default
         flag = "--" + f.name.replace("_", "-")
         text = docs.get(f.name, "").replace("%", "%%")

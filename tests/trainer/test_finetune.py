@@ -78,3 +78,21 @@ def test_too_few_traces_train_nothing(tmp_path: Path, registry: Path) -> None:
     report = finetune(_args(tmp_path, registry, min_runs=50))
     assert not report["promoted"] and "fewer than --min-runs" in report["decision"]
     assert "scores" not in report
+
+
+def test_every_flag_says_what_it_does() -> None:
+    """``drl-trainer finetune --help`` shows each ``FinetuneArgs`` field's ``#:`` comment (it
+    printed only defaults), as ``train --help`` does; no field takes a neighbour's comment."""
+    import argparse
+    import dataclasses
+
+    from trainer.finetune import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    helps = {a.dest: a.help or "" for a in parser._actions if a.dest != "help"}
+    assert set(helps) == {f.name for f in dataclasses.fields(FinetuneArgs)}
+    assert not [d for d, h in helps.items() if h.startswith("(default")]
+    assert helps["seed"].startswith("seed of the held-out split")
+    assert helps["min_improvement"].startswith("promote only if")
+    parser.format_help()
