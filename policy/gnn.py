@@ -37,6 +37,10 @@ How a batch is decided
     :data:`~policy.features.PREMIUM_RATIO`), neither guard counts a pool priced more than that
     factor x the task's cheapest feasible pool per unit of its work: holding a task, or reserving
     a busy cheap pool, while only a premium pool is free becomes a legal step (``cost-cp``'s).
+    With ``cp_gate`` (``drl-policy serve --cp-gate``, or recorded by ``drl-trainer train
+    --cp-gate``; :data:`~policy.features.CP_GATE`) such premium pools are masked outright for the
+    tasks off their run's remaining critical path (``cost-cp``'s rule as a hard constraint,
+    :func:`~policy.features.gate_premium`); a decision's reason names the pools it gated.
 
 The reason string
     :func:`attribute` is the attribution machinery shared with ``drl-trainer explain``:

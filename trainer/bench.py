@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from policy.catalogue import Catalogue, load_catalogue
-from policy.features import HOLD_RATIO, check_hold_ratio
+from policy.features import HOLD_RATIO, check_hold_ratio, check_premium_ratio
 from trainer.baselines import LEARNED, expand, make_placer
 from trainer.metrics import Bounds, average, summarize
 from trainer.simulator import Job, SimConfig, SimResult, Simulator
@@ -67,6 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reserve-busy", type=int, choices=(0, 1), default=None,
                         help="the 'drl' policy's late binding: 1 = a task it gives a pool with no free slot "
                              "reserves that slot and waits, 0 = it is sent (default: as the checkpoint was trained)")
+    parser.add_argument("--cp-gate", type=_cp_gate, default=None,
+                        help="the 'drl' policy's premium gate: a task off its run's critical path may not take a pool "
+                             "priced over this factor x its cheapest feasible one per unit of its work (cost-cp's "
+                             "rule after the policy; 0 = off; default: as the checkpoint was trained)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--json", dest="json_path", default=None, help="write the results here")
     parser.add_argument("--markdown", default=None, help="write the tables as Markdown here")
@@ -80,11 +84,18 @@ def _hold_ratio(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _cp_gate(text: str) -> float:
+    try:
+        return check_premium_ratio(float(text), "--cp-gate")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _simulate(catalogue: Catalogue, jobs: list[Job], policy: str, seed: int, config: SimConfig,
               bounds: Bounds, keep: bool, checkpoint: str | None = None, hold_ratio: float | None = None,
-              reserve_busy: int | None = None) -> tuple[dict[str, Any], SimResult | None]:
+              reserve_busy: int | None = None, cp_gate: float | None = None) -> tuple[dict[str, Any], SimResult | None]:
     placer = make_placer(policy, catalogue, seed, checkpoint, hold_ratio,
-                         None if reserve_busy is None else bool(reserve_busy))
+                         None if reserve_busy is None else bool(reserve_busy), cp_gate)
     result = Simulator(catalogue, jobs, placer, seed=seed, config=config).run()
     row = summarize(result, bounds)
     row["policy"] = policy
@@ -121,7 +132,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             for policy in policies:
                 keep = bool(args.plots) and s == 0 and seed == seeds[0]
                 work.append(((s, seed, policy), (catalogue, jobs, policy, seed, config, bounds, keep,
-                                                 args.checkpoint, args.hold_ratio, args.reserve_busy)))
+                                                 args.checkpoint, args.hold_ratio, args.reserve_busy, args.cp_gate)))
     t0 = time.perf_counter()
     done: dict[tuple[int, int, str], tuple[dict[str, Any], SimResult | None]] = {}
     if args.jobs > 1:
@@ -162,7 +173,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             "duration_noise": args.duration_noise, "failure_rate": args.failure_rate,
             "dispatch_latency_s": args.dispatch_latency, "max_wait_s": args.max_wait_s,
             "hold_ratio": str(HOLD_RATIO if args.hold_ratio is None else args.hold_ratio),
-            "reserve_busy": "checkpoint" if args.reserve_busy is None else args.reserve_busy, "wall_s": wall,
+            "reserve_busy": "checkpoint" if args.reserve_busy is None else args.reserve_busy,
+            "cp_gate": "checkpoint" if args.cp_gate is None else args.cp_gate, "wall_s": wall,
         },
         "results": results,
         "references": {

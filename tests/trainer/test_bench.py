@@ -84,3 +84,16 @@ def test_bench_sets_the_learned_policys_late_binding(tmp_path):
                              ["--workflows", "mlpipeline", "--policies", "drl", "--dag-runs", "8"])
     assert runs[None]["config"]["reserve_busy"] == "checkpoint" and runs["0"]["config"]["reserve_busy"] == 0
     assert runs[None]["results"][0]["mean_jct_s"] != runs["0"]["results"][0]["mean_jct_s"]
+
+
+def test_bench_sets_the_learned_policys_premium_gate(tmp_path, capsys):
+    # --cp-gate 3 keeps the GPU pool for critical-path tasks: on an ETL stream (CPU work only) the
+    # default checkpoint then costs less, recorded in the config; a gate below 1 is refused.
+    runs = _with_and_without(tmp_path, "--cp-gate", "3",
+                             ["--workflows", "etl", "--policies", "drl", "--dag-runs", "10"])
+    assert runs[None]["config"]["cp_gate"] == "checkpoint" and runs["3"]["config"]["cp_gate"] == 3.0
+    assert runs["3"]["results"][0]["cost"] < runs[None]["results"][0]["cost"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["bench", "--workflows", "etl", "--policies", "drl", "--cp-gate", "0.5"])
+    assert "--cp-gate must be 0 (off)" in capsys.readouterr().err
