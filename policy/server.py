@@ -195,8 +195,9 @@ class PolicyServer:
 
     def serve_forever(self) -> int:
         """Serve until :meth:`stop`; returns the process exit status (0)."""
-        log.info("serving %s on %s (prefix %r, consumer %s, device %s)", self.version,
-                 self.config.safe_redis_url, self.config.prefix, self.config.consumer, self.device)
+        log.info("serving %s on %s (prefix %r, consumer %s, device %s, cp_gate %s)", self.version,
+                 self.config.safe_redis_url, self.config.prefix, self.config.consumer, self.device,
+                 getattr(self.placer, "cp_gate", None))
         # Start-up objects (modules, catalogue, model) live for the whole process: keep them out
         # of the cyclic collector's scans, which otherwise show up as tail latency.
         gc.collect()
@@ -566,6 +567,7 @@ class PolicyServer:
             "version": self.version,
             "checkpoint": self.checkpoint,
             "device": self.device,
+            "cp_gate": getattr(self.placer, "cp_gate", None),  # the GNN's premium gate (None: no GNN)
             "consumer": self.config.consumer,
             "prefix": self.config.prefix,
             "uptime_s": round(time.time() - self.started_at, 3),

@@ -34,6 +34,7 @@ def test_metrics_and_health_endpoints(start_server, rclient: redis.Redis) -> Non
         code, body = _get(f"http://127.0.0.1:{http.port}/health")
         doc = json.loads(body)
         assert code == 200 and doc["version"] == "eft:heuristic-1" and doc["device"] == "cpu"
+        assert doc["cp_gate"] is None  # no GNN, no gate
         # a request is counted once its reply is delivered (after the reply's push, with its
         # latency), so the client can read /metrics a moment before the third one is counted
         deadline = time.monotonic() + 5.0
