@@ -23,6 +23,8 @@ PLACERS = ("auto", "eft", "gnn")
 DEVICES = ("auto", "cpu", "cuda")
 #: the GNN placer's one-request steps (policy.gnn.step_kernel_choice)
 STEP_KERNELS = ("auto", "compiled", "numpy")
+#: field types read as floats from the command line and the environment
+_FLOAT_KINDS = ("float", "float | None")
 
 
 class ConfigError(PolicyError, ValueError):
@@ -201,7 +203,7 @@ def _coerce(name: str, type_name: Any, raw: str, cls: type) -> Any:
     try:
         if kind == "int":
             return int(raw)
-        if kind in ("float", "float | None"):
+        if kind in _FLOAT_KINDS:
             return float(raw)
     except ValueError as exc:
         raise ConfigError(f"{ENV_PREFIX}{name.upper()}: expected a {kind}, got {raw!r}") from exc
@@ -216,7 +218,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         if f.name == "redis_url":
             flag = "--redis"
         kind = str(f.type)
-        typ: Any = int if kind == "int" else float if kind in ("float", "float | None") else str
+        typ: Any = int if kind == "int" else float if kind in _FLOAT_KINDS else str
         default = f.default if f.default is not MISSING else "host-pid"
         help_text = f"{docs.get(f.name, '')} (env {ENV_PREFIX}{f.name.upper()}; default: {default})"
         parser.add_argument(flag, dest=f.name, type=typ, default=None,

@@ -232,13 +232,18 @@ class GNNPlacer:
         q, g = self.model.encode_pools(torch.from_numpy(pool_x).to(self.device).unsqueeze(0))
         return self._pools.put(key, (self.model.pool_part(q, g)[0].cpu().numpy(), g[0].cpu().numpy()))
 
+    def _featurize(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> FeatureBatch:
+        """``request``'s features as this placer decodes them (pairs filled while decoding, the
+        premium gate applied)."""
+        return featurize(request, graphs, pairs=False, cp_gate=self.cp_gate)
+
     @torch.no_grad()
     def decode(
         self, request: PlacementRequest, graphs: Mapping[str, RunGraph], *, temperature: float | None = None
     ) -> Decoded:
         """Decide the ready tasks of ``request`` step by step (see the module docstring)."""
         temp = self.temperature if temperature is None else temperature
-        return self._decode_features(featurize(request, graphs, pairs=False, cp_gate=self.cp_gate), temp, record=True)
+        return self._decode_features(self._featurize(request, graphs), temp, record=True)
 
     @torch.no_grad()
     def _decode_features(self, fb: FeatureBatch, temp: float, *, record: bool = False) -> Decoded:
@@ -363,7 +368,7 @@ class GNNPlacer:
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
         """Decisions in dispatch order; tasks the policy holds (stop) get none and stay ready."""
-        dec = self._decode_features(featurize(request, graphs, pairs=False, cp_gate=self.cp_gate), self.temperature)
+        dec = self._decode_features(self._featurize(request, graphs), self.temperature)
         return self._decisions(dec, dec.placed_order)
 
     def place_many(
@@ -379,7 +384,7 @@ class GNNPlacer:
         """
         if len(requests) != len(graphs):
             raise ValueError(f"place_many: {len(requests)} requests but {len(graphs)} graph maps")
-        fbs = [featurize(r, g, pairs=False, cp_gate=self.cp_gate) for r, g in zip(requests, graphs, strict=True)]
+        fbs = [self._featurize(r, g) for r, g in zip(requests, graphs, strict=True)]
         batched = [i for i, fb in enumerate(fbs) if fb.num_ready and fb.num_pools]
         if self.temperature > 0 or len(batched) < 2:
             return [self._decisions(dec, dec.placed_order)
@@ -486,16 +491,22 @@ def step_kernel_choice(choice: str) -> str:
     return choice
 
 
+def _trained_ratio(manifest: Mapping[str, Any], key: str, default: float) -> float:
+    """``training.<key>`` of a checkpoint's manifest, checked as a premium ratio (``default`` for
+    checkpoints that predate the option)."""
+    return check_premium_ratio(float((manifest.get("training") or {}).get(key, default)), key)
+
+
 def premium_ratio_of(manifest: Mapping[str, Any]) -> float:
     """The premium ratio of a checkpoint's decoder guards (``training.premium_ratio`` in its
     manifest, :data:`~policy.features.PREMIUM_RATIO`: 0, off, for checkpoints that predate it)."""
-    return check_premium_ratio(float((manifest.get("training") or {}).get("premium_ratio", PREMIUM_RATIO)))
+    return _trained_ratio(manifest, "premium_ratio", PREMIUM_RATIO)
 
 
 def cp_gate_of(manifest: Mapping[str, Any]) -> float:
     """The premium gate a checkpoint was trained with (``training.cp_gate`` in its manifest,
     :data:`~policy.features.CP_GATE`: 0, off, for checkpoints that predate it)."""
-    return check_premium_ratio(float((manifest.get("training") or {}).get("cp_gate", CP_GATE)), "cp_gate")
+    return _trained_ratio(manifest, "cp_gate", CP_GATE)
 
 
 def reserve_busy_of(manifest: Mapping[str, Any]) -> bool:

@@ -15,13 +15,14 @@ settings), and writes JSON / PNG plots on request::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import math
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -60,14 +61,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-wait-s", type=float, default=None,
                         help="bound holding as the executor does ([drl_executor] max_wait_s, 60 there): a task "
                              "held this long is placed by the fallback heuristic (default: unbounded)")
-    parser.add_argument("--hold-ratio", type=_hold_ratio, default=None,
+    parser.add_argument("--hold-ratio", type=_checked(check_hold_ratio), default=None,
                         help="the 'drl' policy's stop guard: stop (hold) is refused while a remaining task has a "
                              "free feasible pool finishing within this factor of its best (default: inf, "
                              "work-conserving; 1: only while its best pool is free, the rule through 8d49468)")
     parser.add_argument("--reserve-busy", type=int, choices=(0, 1), default=None,
                         help="the 'drl' policy's late binding: 1 = a task it gives a pool with no free slot "
                              "reserves that slot and waits, 0 = it is sent (default: as the checkpoint was trained)")
-    parser.add_argument("--cp-gate", type=_cp_gate, default=None,
+    parser.add_argument("--cp-gate", type=_checked(functools.partial(check_premium_ratio, name="--cp-gate")),
+                        default=None,
                         help="the 'drl' policy's premium gate: a task off its run's critical path may not take a pool "
                              "priced over this factor x its cheapest feasible one per unit of its work (cost-cp's "
                              "rule after the policy; 0 = off; default: as the checkpoint was trained)")
@@ -77,18 +79,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plots", default=None, help="write PNG plots into this folder")
 
 
-def _hold_ratio(text: str) -> float:
-    try:
-        return check_hold_ratio(float(text))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+def _checked(check: Callable[[float], float]) -> Callable[[str], float]:
+    """An argparse type: the text as a float passed through ``check`` (its ``ValueError`` becomes
+    the parser's error message)."""
+    def convert(text: str) -> float:
+        try:
+            return check(float(text))
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
 
-
-def _cp_gate(text: str) -> float:
-    try:
-        return check_premium_ratio(float(text), "--cp-gate")
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    return convert
 
 
 def _simulate(catalogue: Catalogue, jobs: list[Job], policy: str, seed: int, config: SimConfig,
