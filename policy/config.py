@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 from policy.errors import PolicyError
-from policy.features import HOLD_RATIO, check_hold_ratio, check_premium_ratio
+from policy.features import CP_GATE_SCOPES, HOLD_RATIO, check_hold_ratio, check_premium_ratio
 from policy.transport import DEFAULT_PREFIX
 
 ENV_PREFIX = "DRL_POLICY_"
@@ -95,6 +95,10 @@ class ServerConfig:
     #: feasible pool per unit of its work (``cost-cp``'s rule; 0: off; unset: as the checkpoint
     #: was trained, ``training.cp_gate`` in its manifest).
     cp_gate: float | None = None
+    #: Which tasks the premium gate applies to: off-cp (those off their run's critical path,
+    #: ``cost-cp``'s rule) or all (every task: no task boots a premium worker or keeps one billed;
+    #: unset: as the checkpoint was trained, ``training.cp_gate_scope``, off-cp if absent).
+    cp_gate_scope: str | None = None
     #: The GNN's one-request greedy steps: auto (compiled with numba where it is installed),
     #: compiled, or numpy.
     step_kernel: str = "auto"
@@ -162,6 +166,8 @@ class ServerConfig:
                 check_premium_ratio(self.cp_gate, "cp_gate")
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+        if self.cp_gate_scope is not None and self.cp_gate_scope not in CP_GATE_SCOPES:
+            raise ConfigError(f"cp_gate_scope: expected one of {CP_GATE_SCOPES}, got {self.cp_gate_scope!r}")
         if self.step_kernel not in STEP_KERNELS:
             raise ConfigError(f"step_kernel: expected one of {STEP_KERNELS}, got {self.step_kernel!r}")
         if self.step_kernel == "compiled" and importlib.util.find_spec("numba") is None:

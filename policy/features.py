@@ -593,6 +593,7 @@ def featurize(
     *,
     pairs: bool = True,
     cp_gate: float = 0.0,
+    cp_gate_scope: str = "off-cp",
 ) -> FeatureBatch:
     """Build the :class:`FeatureBatch` of ``request``.
 
@@ -601,7 +602,8 @@ def featurize(
     the rows decoded before it. Without it every row sees the pools as the request reports them.
     ``pairs=False`` leaves ``pair_x``/``mask`` zero for a caller that fills them while decoding
     (:class:`policy.gnn.GNNPlacer`). ``cp_gate`` (0 = off): :func:`gate_premium`'s hard
-    constraint, premium pools only for the tasks on their run's remaining critical path.
+    constraint, premium pools only for the tasks on their run's remaining critical path
+    (``cp_gate_scope="all"``: for no task, :data:`CP_GATE_SCOPES`).
     """
     if assigned is not None and len(assigned) != len(request.ready):
         raise SchemaError(f"assigned: {len(assigned)} choices for {len(request.ready)} ready tasks")
@@ -675,7 +677,8 @@ def featurize(
     placed = np.zeros(len(pools), dtype=np.float64)
     ps = pair_static(tasks, pools, request.created_at)
     if cp_gate and len(request.ready):
-        ps = gate_premium(ps, up < rem, cp_gate)
+        every = check_gate_scope(cp_gate_scope) == "all"
+        ps = gate_premium(ps, np.ones(len(up), dtype=bool) if every else up < rem, cp_gate)
     for i in order if pairs else ():
         pair_x[i], mask[i] = pair_row(ps, int(i), placed)
         if assigned is not None:
@@ -743,6 +746,19 @@ def guard_fit(ps: PairStatic, rows: np.ndarray, fit: np.ndarray, ratio: float) -
 #: feasible pool's. ``cost-cp``'s rule (``trainer.baselines.rules.CriticalPathCost``) as a mask:
 #: the policy still orders the tasks and picks among the pools left (docs/policy.md).
 CP_GATE = 0.0
+#: Which tasks the premium gate applies to: ``off-cp`` (the default, ``cost-cp``'s rule: those
+#: off their run's remaining critical path) or ``all`` (every task: no task takes a premium pool,
+#: so none boots a premium worker or keeps an idle one billed; ``drl-policy serve
+#: --cp-gate-scope``). On the held-out families the policy's critical-path tasks kept the GPU
+#: pool's workers alive for most of the stream (docs/policy.md, "The gate for every task").
+CP_GATE_SCOPES = ("off-cp", "all")
+
+
+def check_gate_scope(scope: str) -> str:
+    """``scope`` if it is one of :data:`CP_GATE_SCOPES`, else ``ValueError``."""
+    if scope not in CP_GATE_SCOPES:
+        raise ValueError(f"cp_gate_scope must be one of {CP_GATE_SCOPES}, got {scope!r}")
+    return scope
 
 
 def gate_premium(ps: PairStatic, off_cp: np.ndarray, ratio: float) -> PairStatic:

@@ -40,7 +40,8 @@ How a batch is decided
     With ``cp_gate`` (``drl-policy serve --cp-gate``, or recorded by ``drl-trainer train
     --cp-gate``; :data:`~policy.features.CP_GATE`) such premium pools are masked outright for the
     tasks off their run's remaining critical path (``cost-cp``'s rule as a hard constraint,
-    :func:`~policy.features.gate_premium`); a decision's reason names the pools it gated.
+    :func:`~policy.features.gate_premium`), or for every task with ``cp_gate_scope="all"``; a
+    decision's reason names the pools it gated.
 
 The reason string
     :func:`attribute` is the attribution machinery shared with ``drl-trainer explain``:
@@ -78,6 +79,7 @@ from policy.features import (
     FeatureBatch,
     PairDynamics,
     RunFeatures,
+    check_gate_scope,
     check_hold_ratio,
     check_premium_ratio,
     featurize,
@@ -145,6 +147,7 @@ class GNNPlacer:
         reserve_busy: bool = RESERVE_BUSY,
         premium_ratio: float = PREMIUM_RATIO,
         cp_gate: float = CP_GATE,
+        cp_gate_scope: str = "off-cp",
         explain: bool = True,
         step_kernel: str = "auto",
     ) -> None:
@@ -160,6 +163,7 @@ class GNNPlacer:
         self.reserve_busy = bool(reserve_busy)
         self.premium_ratio = check_premium_ratio(premium_ratio)
         self.cp_gate = check_premium_ratio(cp_gate, "cp_gate")
+        self.cp_gate_scope = check_gate_scope(cp_gate_scope)
         self.explain = explain
         self.rng = np.random.default_rng(seed)
         self._embed: LRU[tuple[str, str], tuple[Tensor, Tensor]] = LRU(_EMBED_CACHE_SIZE)
@@ -184,6 +188,7 @@ class GNNPlacer:
         kwargs.setdefault("reserve_busy", reserve_busy_of(ckpt.manifest))
         kwargs.setdefault("premium_ratio", premium_ratio_of(ckpt.manifest))
         kwargs.setdefault("cp_gate", cp_gate_of(ckpt.manifest))
+        kwargs.setdefault("cp_gate_scope", cp_gate_scope_of(ckpt.manifest))
         return cls(ckpt.model, version=ckpt.version, manifest=ckpt.manifest, device=device, **kwargs)
 
     def clear_cache(self) -> None:
@@ -235,7 +240,7 @@ class GNNPlacer:
     def _featurize(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> FeatureBatch:
         """``request``'s features as this placer decodes them (pairs filled while decoding, the
         premium gate applied)."""
-        return featurize(request, graphs, pairs=False, cp_gate=self.cp_gate)
+        return featurize(request, graphs, pairs=False, cp_gate=self.cp_gate, cp_gate_scope=self.cp_gate_scope)
 
     @torch.no_grad()
     def decode(
@@ -464,7 +469,8 @@ class GNNPlacer:
                 reason += f"; no pool fits cpus={t.cpus:g} mem={t.memory_gb:g}GB gpus={t.gpus:g}"
             if gated is not None and gated[i].any():
                 names = ",".join(p.name for p, g in zip(fb.pools, gated[i], strict=True) if g)
-                reason += f"; off the critical path: premium {names} gated (cp_gate {self.cp_gate:g})"
+                who = "off the critical path" if self.cp_gate_scope == "off-cp" else "every task"
+                reason += f"; {who}: premium {names} gated (cp_gate {self.cp_gate:g})"
             ready = fb.ready[i]
             out.append(
                 Decision(
@@ -507,6 +513,12 @@ def cp_gate_of(manifest: Mapping[str, Any]) -> float:
     """The premium gate a checkpoint was trained with (``training.cp_gate`` in its manifest,
     :data:`~policy.features.CP_GATE`: 0, off, for checkpoints that predate it)."""
     return _trained_ratio(manifest, "cp_gate", CP_GATE)
+
+
+def cp_gate_scope_of(manifest: Mapping[str, Any]) -> str:
+    """The tasks a checkpoint's premium gate was trained to apply to (``training.cp_gate_scope``,
+    ``off-cp`` for checkpoints that predate it; :data:`~policy.features.CP_GATE_SCOPES`)."""
+    return check_gate_scope(str((manifest.get("training") or {}).get("cp_gate_scope", "off-cp")))
 
 
 def reserve_busy_of(manifest: Mapping[str, Any]) -> bool:

@@ -144,6 +144,8 @@ class PolicyServer:
                                           "hold_ratio": config.hold_ratio, "step_kernel": config.step_kernel}
             if config.cp_gate is not None:  # unset: as the checkpoint was trained
                 gnn_kwargs["cp_gate"] = config.cp_gate
+            if config.cp_gate_scope is not None:
+                gnn_kwargs["cp_gate_scope"] = config.cp_gate_scope
             self.registry = ModelRegistry(
                 config.registry,
                 loader=loader or functools.partial(gnn_loader, **gnn_kwargs),
@@ -195,9 +197,9 @@ class PolicyServer:
 
     def serve_forever(self) -> int:
         """Serve until :meth:`stop`; returns the process exit status (0)."""
-        log.info("serving %s on %s (prefix %r, consumer %s, device %s, cp_gate %s)", self.version,
+        log.info("serving %s on %s (prefix %r, consumer %s, device %s, cp_gate %s, scope %s)", self.version,
                  self.config.safe_redis_url, self.config.prefix, self.config.consumer, self.device,
-                 getattr(self.placer, "cp_gate", None))
+                 getattr(self.placer, "cp_gate", None), getattr(self.placer, "cp_gate_scope", None))
         # Start-up objects (modules, catalogue, model) live for the whole process: keep them out
         # of the cyclic collector's scans, which otherwise show up as tail latency.
         gc.collect()
@@ -568,6 +570,7 @@ class PolicyServer:
             "checkpoint": self.checkpoint,
             "device": self.device,
             "cp_gate": getattr(self.placer, "cp_gate", None),  # the GNN's premium gate (None: no GNN)
+            "cp_gate_scope": getattr(self.placer, "cp_gate_scope", None),
             "consumer": self.config.consumer,
             "prefix": self.config.prefix,
             "uptime_s": round(time.time() - self.started_at, 3),

@@ -1,7 +1,7 @@
 """Where does the money go, and how much of it can a placement rule save? (issue 4's cost goal)
 
-    python scripts/cost_frontier.py [--lams 300,500] [--cp 2,3-free] [--checkpoints DIR,...]
-        [--seeds 0 1] [--load 0.85] [--jobs 2]
+    python scripts/cost_frontier.py [--lams 300,500] [--cp 2,3-free,3-all]
+        [--checkpoints DIR,DIR@3,DIR@3/all,...] [--seeds 0 1] [--load 0.85] [--jobs 2]
 
 Simulates the held-out settings of the benchmark (Epigenomics traces, BWA and SoyKB recipes of
 ~200 tasks; GPU-affinity cluster, duration noise 0.3, 30 DAG runs per stream, the streams
@@ -96,12 +96,15 @@ def simulate(
     placer: Placer
     if name.startswith("boot-"):
         placer = BootAware(catalogue, float(name[5:]))
-    elif name.startswith("cp-"):  # cost-cp variants: cp-<ratio>[-free]
-        ratio, _, free = name[3:].partition("-")
-        placer = CriticalPathCost(catalogue, ratio=float(ratio), premium_free_slots=free == "free")
-    elif name.startswith("drl:"):  # a learned policy: drl:CHECKPOINT[@GATE] (GATE: cp_gate)
+    elif name.startswith("cp-"):  # cost-cp variants: cp-<ratio>[-free|-all]
+        ratio, _, variant = name[3:].partition("-")
+        placer = CriticalPathCost(catalogue, ratio=float(ratio), premium_free_slots=variant == "free",
+                                  every_task=variant == "all")
+    elif name.startswith("drl:"):  # a learned policy: drl:CHECKPOINT[@GATE[/all]] (GATE: cp_gate)
         ckpt, _, gate = name[4:].partition("@")
-        placer = make_placer("drl", catalogue, seed, checkpoint=ckpt, cp_gate=float(gate) if gate else None)
+        gate, _, scope = gate.partition("/")
+        placer = make_placer("drl", catalogue, seed, checkpoint=ckpt, cp_gate=float(gate) if gate else None,
+                             cp_gate_scope=scope or None)
     else:
         placer = make_placer(name, catalogue, seed)
     sim = Simulator(catalogue, jobs, placer, seed=seed, config=SimConfig(duration_noise=0.3))
@@ -117,10 +120,12 @@ def main() -> None:
     ap.add_argument("--lams", default="300,500", help="comma list of boot-aware weights (s per $)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--load", type=float, default=0.85)
-    ap.add_argument("--cp", default="", help="comma list of cost-cp variants: RATIO or RATIO-free "
-                    "(tasks with slack may also take a premium pool's free slot)")
+    ap.add_argument("--cp", default="", help="comma list of cost-cp variants: RATIO, RATIO-free "
+                    "(tasks with slack may also take a premium pool's free slot) or RATIO-all (no task may "
+                    "take a premium pool)")
     ap.add_argument("--checkpoints", default="", help="comma list of learned-policy checkpoints to add, "
-                    "each DIR or DIR@GATE (decoded with that cp_gate: premium pools only for critical-path tasks)")
+                    "each DIR, DIR@GATE (decoded with that cp_gate: premium pools only for critical-path tasks) "
+                    "or DIR@GATE/all (the gate for every task)")
     ap.add_argument("--pools", default="policy/catalogues/gpu-affinity.yaml")
     ap.add_argument("--jobs", type=int, default=1)
     args = ap.parse_args()

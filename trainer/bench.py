@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from policy.catalogue import Catalogue, load_catalogue
-from policy.features import HOLD_RATIO, check_hold_ratio, check_premium_ratio
+from policy.features import CP_GATE_SCOPES, HOLD_RATIO, check_hold_ratio, check_premium_ratio
 from trainer.baselines import LEARNED, expand, make_placer
 from trainer.metrics import Bounds, average, summarize
 from trainer.simulator import Job, SimConfig, SimResult, Simulator
@@ -73,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the 'drl' policy's premium gate: a task off its run's critical path may not take a pool "
                              "priced over this factor x its cheapest feasible one per unit of its work (cost-cp's "
                              "rule after the policy; 0 = off; default: as the checkpoint was trained)")
+    parser.add_argument("--cp-gate-scope", choices=CP_GATE_SCOPES, default=None,
+                        help="the tasks the premium gate applies to: off-cp (those off their run's critical "
+                             "path) or all (every task; default: as the checkpoint was trained)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--json", dest="json_path", default=None, help="write the results here")
     parser.add_argument("--markdown", default=None, help="write the tables as Markdown here")
@@ -93,9 +96,10 @@ def _checked(check: Callable[[float], float]) -> Callable[[str], float]:
 
 def _simulate(catalogue: Catalogue, jobs: list[Job], policy: str, seed: int, config: SimConfig,
               bounds: Bounds, keep: bool, checkpoint: str | None = None, hold_ratio: float | None = None,
-              reserve_busy: int | None = None, cp_gate: float | None = None) -> tuple[dict[str, Any], SimResult | None]:
+              reserve_busy: int | None = None, cp_gate: float | None = None,
+              cp_gate_scope: str | None = None) -> tuple[dict[str, Any], SimResult | None]:
     placer = make_placer(policy, catalogue, seed, checkpoint, hold_ratio,
-                         None if reserve_busy is None else bool(reserve_busy), cp_gate)
+                         None if reserve_busy is None else bool(reserve_busy), cp_gate, cp_gate_scope)
     result = Simulator(catalogue, jobs, placer, seed=seed, config=config).run()
     row = summarize(result, bounds)
     row["policy"] = policy
@@ -132,7 +136,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             for policy in policies:
                 keep = bool(args.plots) and s == 0 and seed == seeds[0]
                 work.append(((s, seed, policy), (catalogue, jobs, policy, seed, config, bounds, keep,
-                                                 args.checkpoint, args.hold_ratio, args.reserve_busy, args.cp_gate)))
+                                                 args.checkpoint, args.hold_ratio, args.reserve_busy, args.cp_gate,
+                                                 args.cp_gate_scope)))
     t0 = time.perf_counter()
     done: dict[tuple[int, int, str], tuple[dict[str, Any], SimResult | None]] = {}
     if args.jobs > 1:
@@ -174,7 +179,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             "dispatch_latency_s": args.dispatch_latency, "max_wait_s": args.max_wait_s,
             "hold_ratio": str(HOLD_RATIO if args.hold_ratio is None else args.hold_ratio),
             "reserve_busy": "checkpoint" if args.reserve_busy is None else args.reserve_busy,
-            "cp_gate": "checkpoint" if args.cp_gate is None else args.cp_gate, "wall_s": wall,
+            "cp_gate": "checkpoint" if args.cp_gate is None else args.cp_gate,
+            "cp_gate_scope": args.cp_gate_scope or "checkpoint", "wall_s": wall,
         },
         "results": results,
         "references": {

@@ -38,7 +38,7 @@ import torch
 from policy.catalogue import load_catalogue
 from policy.checkpoint import load_checkpoint, save_checkpoint
 from policy.errors import CheckpointError
-from policy.gnn import cp_gate_of, premium_ratio_of, reserve_busy_of
+from policy.gnn import cp_gate_of, cp_gate_scope_of, premium_ratio_of, reserve_busy_of
 from policy.registry import MANIFEST, activate, checkpoint_sha256
 from policy.replay import read_replay
 from trainer.train import (
@@ -100,12 +100,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _train_args(a: FinetuneArgs, hidden: int, layers: int, out: Path, reserve_busy: bool,
-                premium_ratio: float, cp_gate: float) -> Args:
+                premium_ratio: float, cp_gate: float, cp_gate_scope: str) -> Args:
     return Args(pools=a.pools, load=a.load, duration_noise=a.duration_noise, objective=a.objective,
                 hidden=hidden, layers=layers, iters=a.iters, runs_start=a.runs, runs_end=a.runs,
                 eval_runs=a.eval_runs, eval_streams=a.eval_streams, seed=a.seed, out=str(out),
                 time_limit_s=a.minutes * 60.0, workflows="", heldout="", reserve_busy=int(reserve_busy),
-                premium_ratio=premium_ratio, cp_gate=cp_gate)
+                premium_ratio=premium_ratio, cp_gate=cp_gate, cp_gate_scope=cp_gate_scope)
 
 
 def finetune(a: FinetuneArgs) -> dict[str, Any]:
@@ -140,7 +140,8 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
     cfg = incumbent.config
     # the candidate decodes busy and premium pools as the incumbent was trained to (and is saved so)
     args = _train_args(a, cfg.hidden, cfg.layers, out, reserve_busy_of(incumbent.manifest),
-                       premium_ratio_of(incumbent.manifest), cp_gate_of(incumbent.manifest))
+                       premium_ratio_of(incumbent.manifest), cp_gate_of(incumbent.manifest),
+                       cp_gate_scope_of(incumbent.manifest))
     torch.manual_seed(a.seed)
     catalogue = load_catalogue(a.pools)
     choose_teachers([training], catalogue, args)
@@ -171,7 +172,8 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
                                                   "teacher": training.teacher, "log": logs[-1:] or [],
                                                   "reserve_busy": args.reserve_busy,
                                                   "premium_ratio": args.premium_ratio,
-                                                  "cp_gate": args.cp_gate},
+                                                  "cp_gate": args.cp_gate,
+                                                  "cp_gate_scope": args.cp_gate_scope},
                         evaluation={"finetune": scores})
         activate(registry, out, sha256=checkpoint_sha256(out),
                  note=f"nightly fine-tune: {metric} {gain:+.1%} on held-out traces vs {incumbent.version}")

@@ -60,6 +60,7 @@ from policy.config import field_docs
 from policy.features import (
     HOLD_RATIO,
     FeatureBatch,
+    check_gate_scope,
     check_premium_ratio,
     featurize,
     guard_fit,
@@ -114,6 +115,9 @@ class Args:
     #: imitation, PPO and evaluation (``policy.features.CP_GATE``, ``cost-cp``'s rule as a hard
     #: constraint); the checkpoint records it and decodes so when loaded; 0 = off
     cp_gate: float = 0.0
+    #: the tasks ``cp_gate`` applies to: off-cp (those off their run's critical path) or all
+    #: (every task; ``policy.features.CP_GATE_SCOPES``); recorded like ``cp_gate``
+    cp_gate_scope: str = "off-cp"
     #: domain randomisation of time scale: each imitation and PPO stream has its task durations
     #: multiplied by one factor drawn log-uniformly from [1 / time_scale, time_scale], so the
     #: policy meets short and long jobs against the same boot delays; teacher choice and
@@ -203,6 +207,7 @@ class Args:
             raise ValueError(f"reserve_busy must be 0 or 1, got {self.reserve_busy!r}")
         check_premium_ratio(self.premium_ratio)
         check_premium_ratio(self.cp_gate, "cp_gate")
+        check_gate_scope(self.cp_gate_scope)
         if self.pool_loss < 0:
             raise ValueError(f"pool_loss must be >= 0, got {self.pool_loss!r}")
         if not 0.0 < self.rl_size_start <= 1.0:
@@ -355,7 +360,7 @@ def _trim_reservations(fb: FeatureBatch, steps: list[Step], sent: Sequence[bool]
 def policy_placer(model: PlacementGNN, args: Args, **kwargs: Any) -> GNNPlacer:
     """The learned policy decoding as ``args`` train it (late binding, premium pools' guards and gate)."""
     return GNNPlacer(model, reserve_busy=bool(args.reserve_busy), premium_ratio=args.premium_ratio,
-                     cp_gate=args.cp_gate, **kwargs)
+                     cp_gate=args.cp_gate, cp_gate_scope=args.cp_gate_scope, **kwargs)
 
 
 class _Recorder:
@@ -370,7 +375,8 @@ class _Recorder:
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
         taught = self.teacher.place(request, graphs)
-        fb = featurize(request, graphs, pairs=False, cp_gate=self.student.cp_gate)
+        fb = featurize(request, graphs, pairs=False, cp_gate=self.student.cp_gate,
+                       cp_gate_scope=self.student.cp_gate_scope)
         steps = teacher_steps(fb, taught, getattr(self.teacher, "trace", ()) if self.reservations else (),
                               self.reservations, self.student.premium_ratio, self.student.hold_ratio)
         if steps:

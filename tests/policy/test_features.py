@@ -10,6 +10,7 @@ from gnn_helpers import big_request, diamond_request, mixed_requests, random_dag
 
 from policy.errors import SchemaError
 from policy.features import (
+    CP_GATE_SCOPES,
     F_PAIR,
     F_POOL,
     F_READY,
@@ -233,25 +234,26 @@ def test_cp_gate_masks_premium_pools_off_the_critical_path() -> None:
     pools = big_request()[0].pools
     top_running = max((i for i in range(120) if i not in ready), key=lambda i: rank[i])
 
-    def masks(running: tuple[str, ...], gate: float) -> np.ndarray:
+    def masks(running: tuple[str, ...], gate: float, scope: str = "off-cp") -> np.ndarray:
         req = PlacementRequest("req-gate", ready=tuple(ReadyTask(g.run_key, f"t{i}") for i in ready), pools=pools,
                                runs=(g,), progress=(RunProgress(g.run_key, running=running),))
-        return featurize(req, {g.run_key: g}, cp_gate=gate).pairs.mask
+        return featurize(req, {g.run_key: g}, cp_gate=gate, cp_gate_scope=scope).pairs.mask
 
     for running in ((), (f"t{top_running}",)):
         plain = masks(running, 0.0)
         crit = max([rank[i] for i in ready] + [rank[top_running]] * bool(running))
         for gate in (2.0, 3.0):
-            gated = masks(running, gate)
-            want = plain.copy()
-            for r, i in enumerate(ready):
-                task = g.tasks[i]
-                per_work = np.array([p.price_per_hour / p.speed_for(task.kind) for p in pools])
-                cheapest = per_work[plain[r]].min()
-                if rank[i] < crit:
-                    want[r] &= ~(per_work > gate * cheapest * (1 + 1e-9))
-            assert (gated == want).all()
-            assert (gated.any(axis=1) == plain.any(axis=1)).all()
+            for scope in CP_GATE_SCOPES:
+                gated = masks(running, gate, scope)
+                want = plain.copy()
+                for r, i in enumerate(ready):
+                    task = g.tasks[i]
+                    per_work = np.array([p.price_per_hour / p.speed_for(task.kind) for p in pools])
+                    cheapest = per_work[plain[r]].min()
+                    if rank[i] < crit or scope == "all":
+                        want[r] &= ~(per_work > gate * cheapest * (1 + 1e-9))
+                assert (gated == want).all()
+                assert (gated.any(axis=1) == plain.any(axis=1)).all()
         gpu = [p.name for p in pools].index("gpu")
         gpu_per_work = {i: pools[gpu].price_per_hour / pools[gpu].speed_for(g.tasks[i].kind) for i in ready}
         small = next(p for p in pools if p.name == "cpu-small")
@@ -263,5 +265,8 @@ def test_cp_gate_masks_premium_pools_off_the_critical_path() -> None:
         assert off and not gated[off, gpu].any()  # ... but not off the critical path at gate 3
         on = [r for r in cpu_rows if rank[ready[r]] >= crit]
         assert gated[on, gpu].all()
+        assert not masks(running, 3.0, "all")[cpu_rows, gpu].any()  # scope all: on the path neither
     with pytest.raises(ValueError, match="cp_gate"):
         masks((), 0.5)
+    with pytest.raises(ValueError, match="cp_gate_scope"):
+        masks((), 3.0, "critical")

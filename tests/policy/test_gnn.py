@@ -386,20 +386,33 @@ def test_cp_gate_keeps_premium_pools_for_the_critical_path(tmp_path: Path) -> No
                 sent[gate] += d.pool == "gpu" and d.task_id in off_cp
                 assert "gated" not in d.reason or gate > 0 and d.task_id in off_cp
     assert sent[0.0] > 0 and sent[3.0] == 0
+    # the gate for every task: the critical-path tasks no longer take the GPU either
+    for scope, most in (("off-cp", None), ("all", 0)):
+        placer = _placer(temperature=3.0, seed=2, reserve_busy=True, cp_gate=3.0, cp_gate_scope=scope)
+        on_gpu = sum(d.pool == "gpu" and d.task_id not in off_cp for _ in range(10) for d in placer.place(req, graphs))
+        assert on_gpu > 0 if most is None else on_gpu == most
     idle = replace(req, pools=big_request()[0].pools)  # every pool free: the off-path tasks are sent
     for gate in (0.0, 3.0):
         placer = _placer(temperature=3.0, seed=2, reserve_busy=True, cp_gate=gate)
         said[gate] = sum("premium gpu gated (cp_gate 3)" in d.reason for d in placer.place(idle, graphs))
     assert said[0.0] == 0 and said[3.0] > 0  # the reason says what the gate took out
+    every = _placer(temperature=3.0, seed=2, reserve_busy=True, cp_gate=3.0, cp_gate_scope="all").place(idle, graphs)
+    assert sum("every task: premium gpu gated (cp_gate 3)" in d.reason for d in every) >= said[3.0]
+    assert not any("off the critical path" in d.reason for d in every)
     model = PlacementGNN(ModelConfig(hidden=8, layers=1))
     save_checkpoint(model, tmp_path / "gated", training={"cp_gate": 3.0})
     save_checkpoint(model, tmp_path / "plain", training={})
     assert GNNPlacer.from_checkpoint(tmp_path / "gated").cp_gate == 3.0
     assert GNNPlacer.from_checkpoint(tmp_path / "gated", cp_gate=0.0).cp_gate == 0.0
     assert GNNPlacer.from_checkpoint(tmp_path / "plain").cp_gate == 0.0
+    save_checkpoint(model, tmp_path / "every", training={"cp_gate": 3.0, "cp_gate_scope": "all"})
+    assert GNNPlacer.from_checkpoint(tmp_path / "every").cp_gate_scope == "all"
+    assert GNNPlacer.from_checkpoint(tmp_path / "gated").cp_gate_scope == "off-cp"
     for bad in (0.5, math.inf, math.nan):
         with pytest.raises(ValueError, match="cp_gate"):
             _placer(cp_gate=bad)
+    with pytest.raises(ValueError, match="cp_gate_scope"):
+        _placer(cp_gate=3.0, cp_gate_scope="critical")
 
 
 @pytest.mark.parametrize("allow_wait", [True, False])

@@ -123,11 +123,12 @@ def test_an_empty_registry_serves_the_packaged_default(tmp_path: Path, redis_url
     from policy.server import PolicyServer
 
     server = PolicyServer(ServerConfig(redis_url=redis_url, placer="gnn", registry=str(tmp_path), hold_ratio=2.0,
-                                       cp_gate=3.0))
+                                       cp_gate=3.0, cp_gate_scope="all"))
     assert server.placer.name == "drl"
     assert server.placer.hold_ratio == 2.0  # type: ignore[attr-defined]  # the setting reaches the GNN
     assert server.placer.cp_gate == 3.0  # type: ignore[attr-defined]
     assert server.health()["cp_gate"] == 3.0  # /health says how the GNN decodes
+    assert server.placer.cp_gate_scope == "all" and server.health()["cp_gate_scope"] == "all"  # type: ignore[attr-defined]
     assert json.loads((tmp_path / MANIFEST).read_text())["checkpoint"] == str(DEFAULT_CHECKPOINT)
 
 

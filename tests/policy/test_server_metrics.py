@@ -69,6 +69,8 @@ def test_config_from_env_and_cli() -> None:
     assert ServerConfig().cp_gate is None
     assert ServerConfig.from_sources({}, {"DRL_POLICY_CP_GATE": "3"}).cp_gate == 3.0
     assert ServerConfig.from_sources({"cp_gate": 0.0}, {"DRL_POLICY_CP_GATE": "3"}).cp_gate == 0.0
+    assert ServerConfig().cp_gate_scope is None
+    assert ServerConfig.from_sources({}, {"DRL_POLICY_CP_GATE_SCOPE": "all"}).cp_gate_scope == "all"
     # the decode steps: compiled where numba is, by setting numpy
     assert ServerConfig().step_kernel == "auto"
     assert ServerConfig.from_sources({}, {"DRL_POLICY_STEP_KERNEL": "numpy"}).step_kernel == "numpy"
@@ -86,6 +88,7 @@ def test_config_from_env_and_cli() -> None:
         ({"skew_threshold": 1.5}, "skew_threshold"),
         ({"hold_ratio": 0.5}, "hold_ratio"),
         ({"cp_gate": 0.5}, "cp_gate"),
+        ({"cp_gate_scope": "critical"}, "cp_gate_scope"),
         ({"step_kernel": "fast"}, "step_kernel"),
     ],
 )

@@ -111,5 +111,8 @@ def test_cost_cp_keeps_premium_pools_for_the_critical_path():
     # allowed a premium pool's free slot, the task with slack takes it (no worker boots for it)
     got = {d.task_id: d.pool for d in CriticalPathCost(None, premium_free_slots=True).place(req, {"d/r": g})}
     assert got == {"a": "gpu", "b": "gpu"}
+    # the gate for every task: the critical-path task stays off the premium pool too
+    got = {d.task_id: d.pool for d in CriticalPathCost(None, every_task=True).place(req, {"d/r": g})}
+    assert got == {"a": "small", "b": "small"}
     with pytest.raises(ValueError, match="ratio"):
         CriticalPathCost(None, ratio=0.5)

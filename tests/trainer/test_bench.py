@@ -97,3 +97,16 @@ def test_bench_sets_the_learned_policys_premium_gate(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--workflows", "etl", "--policies", "drl", "--cp-gate", "0.5"])
     assert "--cp-gate must be 0 (off)" in capsys.readouterr().err
+
+
+def test_bench_sets_the_premium_gates_scope(tmp_path, capsys):
+    # --cp-gate-scope all gates the GPU pool for critical-path tasks too: on an ETL stream (CPU
+    # work only) no task runs there, recorded in the config; an unknown scope is refused.
+    runs = _with_and_without(tmp_path, "--cp-gate-scope", "all",
+                             ["--workflows", "etl", "--policies", "drl", "--dag-runs", "10", "--cp-gate", "3"])
+    assert runs[None]["config"]["cp_gate_scope"] == "checkpoint" and runs["all"]["config"]["cp_gate_scope"] == "all"
+    assert runs["all"]["results"][0]["cost"] < runs[None]["results"][0]["cost"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["bench", "--workflows", "etl", "--policies", "drl", "--cp-gate-scope", "critical"])
+    assert "invalid choice: 'critical'" in capsys.readouterr().err

@@ -42,11 +42,27 @@ def test_the_cp_gate_makes_the_learned_policy_spend_less_on_premium_pools() -> N
     sends CPU work to the premium GPU pool only for critical-path tasks, so an ETL stream (CPU
     work only) runs fewer tasks there and costs less than without the gate (6.29 vs 5.45 dollars
     when written)."""
-    def run(gate: float):  # type: ignore[no-untyped-def]
+    def run(gate: float, scope: str = "off-cp"):  # type: ignore[no-untyped-def]
         jobs = setting_jobs("etl", 0, 3, CATALOGUE, 10, 0.85)
-        placer = make_placer("drl", CATALOGUE, 3, cp_gate=gate)
+        placer = make_placer("drl", CATALOGUE, 3, cp_gate=gate, cp_gate_scope=scope)
         return Simulator(CATALOGUE, jobs, placer, seed=3, config=SimConfig(duration_noise=0.3)).run()
 
-    plain, gated = run(0.0), run(3.0)
+    plain, gated, every = run(0.0), run(3.0), run(3.0, "all")
     assert sum(t.pool == "gpu" for t in gated.tasks) < 0.5 * sum(t.pool == "gpu" for t in plain.tasks)
     assert gated.cost < 0.95 * plain.cost
+    # the gate for every task (``DIR@3/all``): no CPU work on the GPU, and less spent still
+    assert sum(t.pool == "gpu" for t in every.tasks) == 0
+    assert every.cost < gated.cost
+
+
+def test_a_checkpoint_keeps_its_gate_unless_told_otherwise(tmp_path: Path) -> None:
+    """``make_placer`` (and so ``--checkpoints DIR``) decodes a checkpoint with the gate and scope
+    it was trained with; ``DIR@R/scope`` overrides them."""
+    from policy.checkpoint import load_checkpoint, save_checkpoint
+
+    model = load_checkpoint(ROOT / "policy" / "checkpoints" / "default").model
+    save_checkpoint(model, tmp_path / "every", training={"cp_gate": 3.0, "cp_gate_scope": "all"})
+    placer = make_placer("drl", CATALOGUE, 0, checkpoint=tmp_path / "every")
+    assert (placer.cp_gate, placer.cp_gate_scope) == (3.0, "all")  # type: ignore[attr-defined]
+    placer = make_placer("drl", CATALOGUE, 0, checkpoint=tmp_path / "every", cp_gate=2.0, cp_gate_scope="off-cp")
+    assert (placer.cp_gate, placer.cp_gate_scope) == (2.0, "off-cp")  # type: ignore[attr-defined]

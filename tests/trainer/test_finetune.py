@@ -58,13 +58,15 @@ def test_a_candidate_decodes_busy_pools_as_its_incumbent(tmp_path: Path, reserve
     # promoted) with them, and vice versa
     incumbent = tmp_path / "models" / "late"
     save_checkpoint(load_checkpoint(ROOT / "policy" / "checkpoints" / "default").model, incumbent,
-                    training={"reserve_busy": reserve_busy, "premium_ratio": premium, "cp_gate": premium})
+                    training={"reserve_busy": reserve_busy, "premium_ratio": premium, "cp_gate": premium,
+                              "cp_gate_scope": "all" if premium else "off-cp"})
     reg = tmp_path / "registry"
     activate(reg, incumbent)
     assert finetune(_args(tmp_path, reg, min_improvement=-10.0))["promoted"]
     promoted = GNNPlacer.from_checkpoint(json.loads((reg / MANIFEST).read_text())["checkpoint"])
     assert promoted.reserve_busy == bool(reserve_busy)
     assert (promoted.premium_ratio, promoted.cp_gate) == (premium, premium)
+    assert promoted.cp_gate_scope == ("all" if premium else "off-cp")
 
 
 def test_a_candidate_that_does_not_win_is_not_promoted(tmp_path: Path, registry: Path) -> None:

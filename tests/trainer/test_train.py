@@ -220,6 +220,8 @@ def test_a_cp_gated_student_is_taught_only_steps_it_can_take() -> None:
     assert kept["srpt+eft", 3.0] < kept["srpt+eft", 0.0], kept
     with pytest.raises(ValueError, match="cp_gate"):
         Args(cp_gate=0.5)
+    with pytest.raises(ValueError, match="cp_gate_scope"):
+        Args(cp_gate=3.0, cp_gate_scope="critical")
 
 
 def test_pool_loss_teaches_the_teacher_s_pools() -> None:

@@ -39,23 +39,28 @@ LEARNED = "drl"
 
 def make_placer(name: str, catalogue: Catalogue | None = None, seed: int = 0,
                 checkpoint: str | Path | None = None, hold_ratio: float | None = None,
-                reserve_busy: bool | None = None, cp_gate: float | None = None) -> Placer:
+                reserve_busy: bool | None = None, cp_gate: float | None = None,
+                cp_gate_scope: str | None = None) -> Placer:
     """A fresh placer (placers keep per-simulation state: build one per simulation).
 
     ``drl`` is the GNN policy loaded from ``checkpoint`` (default: the committed default
     checkpoint), greedy, on the CPU, with its stop guard at ``hold_ratio`` (default:
     :data:`policy.features.HOLD_RATIO`), decoding busy pools as the checkpoint was trained
-    unless ``reserve_busy`` says otherwise.
+    unless ``reserve_busy`` says otherwise, with the premium gate ``cp_gate`` over
+    ``cp_gate_scope``'s tasks (:data:`policy.features.CP_GATE_SCOPES`; both default to the
+    checkpoint's).
     """
     if name == LEARNED:
         from policy.gnn import GNNPlacer
         from policy.registry import DEFAULT_CHECKPOINT
 
-        extra: dict[str, float | bool] = {} if hold_ratio is None else {"hold_ratio": hold_ratio}
+        extra: dict[str, float | bool | str] = {} if hold_ratio is None else {"hold_ratio": hold_ratio}
         if reserve_busy is not None:
             extra["reserve_busy"] = reserve_busy
         if cp_gate is not None:
             extra["cp_gate"] = cp_gate
+        if cp_gate_scope is not None:
+            extra["cp_gate_scope"] = cp_gate_scope
         return GNNPlacer.from_checkpoint(checkpoint or DEFAULT_CHECKPOINT, device="cpu", **extra)
     if name == "random":
         return RandomPlacer(catalogue, seed)

@@ -295,7 +295,8 @@ class CriticalPathCost(ListScheduler):
     / speed for the task's kind) is more than ``ratio`` x the cheapest feasible pool's. A task
     off its run's critical path (its upward rank below the longest upward rank among the run's
     ready and running tasks) never goes to a premium pool (with ``premium_free_slots``, only to
-    one that has a free slot, so that no worker boots for it); a critical-path task may.
+    one that has a free slot, so that no worker boots for it); a critical-path task may (with
+    ``every_task``, none may: the premium gate of ``policy.features.CP_GATE_SCOPES``' ``all``).
     Everything else is ``srpt+eft``.
 
     Why it saves money on elastic pools: a worker the autoscaler boots is removed only after
@@ -306,11 +307,11 @@ class CriticalPathCost(ListScheduler):
     """
 
     def __init__(self, catalogue: Catalogue | None = None, ratio: float = 3.0,
-                 premium_free_slots: bool = False) -> None:
+                 premium_free_slots: bool = False, every_task: bool = False) -> None:
         super().__init__("srpt", "eft", catalogue)
         if not ratio >= 1.0:
             raise ValueError(f"cost-cp needs a premium ratio >= 1, got {ratio!r}")
-        self.ratio, self.premium_free_slots = ratio, premium_free_slots
+        self.ratio, self.premium_free_slots, self.every_task = ratio, premium_free_slots, every_task
         self.name = "cost-cp"
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
@@ -325,7 +326,7 @@ class CriticalPathCost(ListScheduler):
             if not self._any_slot(request):
                 break
             pools = feasible(task, request.pools)
-            if len(pools) > 1 and g.rank[i] < crit[ready.run_key]:  # off the critical path
+            if len(pools) > 1 and (self.every_task or g.rank[i] < crit[ready.run_key]):  # off the critical path
                 per_work = [p.price_per_hour / p.speed_for(task.kind) for p in pools]
                 cap = self.ratio * min(per_work)
                 pools = [p for p, c in zip(pools, per_work, strict=True)
