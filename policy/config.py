@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 from policy.errors import PolicyError
-from policy.features import CP_GATE_SCOPES, HOLD_RATIO, check_hold_ratio, check_premium_ratio
+from policy.features import HOLD_RATIO, check_gate_scope, check_hold_ratio, check_premium_ratio
 from policy.transport import DEFAULT_PREFIX
 
 ENV_PREFIX = "DRL_POLICY_"
@@ -161,13 +161,13 @@ class ServerConfig:
             check_hold_ratio(self.hold_ratio)
         except ValueError as exc:
             raise ConfigError(f"hold_ratio: {exc}") from None
-        if self.cp_gate is not None:
-            try:
+        try:
+            if self.cp_gate is not None:
                 check_premium_ratio(self.cp_gate, "cp_gate")
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
-        if self.cp_gate_scope is not None and self.cp_gate_scope not in CP_GATE_SCOPES:
-            raise ConfigError(f"cp_gate_scope: expected one of {CP_GATE_SCOPES}, got {self.cp_gate_scope!r}")
+            if self.cp_gate_scope is not None:
+                check_gate_scope(self.cp_gate_scope)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if self.step_kernel not in STEP_KERNELS:
             raise ConfigError(f"step_kernel: expected one of {STEP_KERNELS}, got {self.step_kernel!r}")
         if self.step_kernel == "compiled" and importlib.util.find_spec("numba") is None:

@@ -752,6 +752,8 @@ CP_GATE = 0.0
 #: --cp-gate-scope``). On the held-out families the policy's critical-path tasks kept the GPU
 #: pool's workers alive for most of the stream (docs/policy.md, "The gate for every task").
 CP_GATE_SCOPES = ("off-cp", "all")
+#: the default scope, and every checkpoint's that predates the option
+CP_GATE_SCOPE = "off-cp"
 
 
 def check_gate_scope(scope: str) -> str:

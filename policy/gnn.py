@@ -70,6 +70,7 @@ from policy.checkpoint import Checkpoint, load_checkpoint
 from policy.config import STEP_KERNELS
 from policy.features import (
     CP_GATE,
+    CP_GATE_SCOPE,
     DYNAMIC_PAIR_COLUMNS,
     HOLD_RATIO,
     PAIR_FEATURES,
@@ -147,7 +148,7 @@ class GNNPlacer:
         reserve_busy: bool = RESERVE_BUSY,
         premium_ratio: float = PREMIUM_RATIO,
         cp_gate: float = CP_GATE,
-        cp_gate_scope: str = "off-cp",
+        cp_gate_scope: str = CP_GATE_SCOPE,
         explain: bool = True,
         step_kernel: str = "auto",
     ) -> None:
@@ -469,7 +470,7 @@ class GNNPlacer:
                 reason += f"; no pool fits cpus={t.cpus:g} mem={t.memory_gb:g}GB gpus={t.gpus:g}"
             if gated is not None and gated[i].any():
                 names = ",".join(p.name for p, g in zip(fb.pools, gated[i], strict=True) if g)
-                who = "off the critical path" if self.cp_gate_scope == "off-cp" else "every task"
+                who = "every task" if self.cp_gate_scope == "all" else "off the critical path"
                 reason += f"; {who}: premium {names} gated (cp_gate {self.cp_gate:g})"
             ready = fb.ready[i]
             out.append(
@@ -518,7 +519,7 @@ def cp_gate_of(manifest: Mapping[str, Any]) -> float:
 def cp_gate_scope_of(manifest: Mapping[str, Any]) -> str:
     """The tasks a checkpoint's premium gate was trained to apply to (``training.cp_gate_scope``,
     ``off-cp`` for checkpoints that predate it; :data:`~policy.features.CP_GATE_SCOPES`)."""
-    return check_gate_scope(str((manifest.get("training") or {}).get("cp_gate_scope", "off-cp")))
+    return check_gate_scope(str((manifest.get("training") or {}).get("cp_gate_scope", CP_GATE_SCOPE)))
 
 
 def reserve_busy_of(manifest: Mapping[str, Any]) -> bool:

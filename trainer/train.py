@@ -58,6 +58,7 @@ from policy.catalogue import Catalogue, load_catalogue
 from policy.checkpoint import load_checkpoint, save_checkpoint
 from policy.config import field_docs
 from policy.features import (
+    CP_GATE_SCOPE,
     HOLD_RATIO,
     FeatureBatch,
     check_gate_scope,
@@ -117,7 +118,7 @@ class Args:
     cp_gate: float = 0.0
     #: the tasks ``cp_gate`` applies to: off-cp (those off their run's critical path) or all
     #: (every task; ``policy.features.CP_GATE_SCOPES``); recorded like ``cp_gate``
-    cp_gate_scope: str = "off-cp"
+    cp_gate_scope: str = CP_GATE_SCOPE
     #: domain randomisation of time scale: each imitation and PPO stream has its task durations
     #: multiplied by one factor drawn log-uniformly from [1 / time_scale, time_scale], so the
     #: policy meets short and long jobs against the same boot delays; teacher choice and
