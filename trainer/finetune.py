@@ -47,6 +47,7 @@ from trainer.train import (
     Setting,
     add_dataclass_arguments,
     choose_teachers,
+    dataclass_args,
     evaluate,
     imitate,
     settings_from,
@@ -194,7 +195,7 @@ def _finish(report: dict[str, Any], out: Path, t0: float) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    a = FinetuneArgs(**{f.name: getattr(args, f.name) for f in dataclasses.fields(FinetuneArgs)})
+    a = dataclass_args(FinetuneArgs, args)
     report = finetune(a)
     print(json.dumps({k: report[k] for k in ("decision", "promoted", "recorded_runs", "wall_s")
                       if k in report}, indent=2))

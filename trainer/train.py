@@ -49,7 +49,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 import torch
@@ -78,6 +78,7 @@ from trainer.simulator import Job, SimConfig, Simulator
 from trainer.workloads import ArrivalSpec, load_templates, make_jobs
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 OBJECTIVES = ("mean_jct", "p95_jct", "sla_violation_rate", "cost")
@@ -232,6 +233,15 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         text = docs.get(f.name, "").replace("%", "%%")
         parser.add_argument(flag, type=type(default), default=default, dest=f.name,
                             help=f"{text} (default: {default!r})".lstrip())
+
+
+def dataclass_args(cls: Callable[..., T], args: argparse.Namespace) -> T:
+    """``cls`` built from the flags of :func:`add_dataclass_arguments`; a value its checks refuse
+    ends the command with the check's message (``SystemExit``), not a traceback."""
+    try:
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
 
 
 # --- the pieces --------------------------------------------------------------------------------
@@ -622,7 +632,7 @@ def _table(evaluation: dict[str, Any], args: Args) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    a = Args(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Args)})
+    a = dataclass_args(Args, args)
     summary = train(a)
     print(_table(summary["evaluation"], a))
     t = summary["training"]

@@ -98,3 +98,22 @@ def test_every_flag_says_what_it_does() -> None:
     assert helps["seed"].startswith("seed of the held-out split")
     assert helps["min_improvement"].startswith("promote only if")
     parser.format_help()
+
+
+def test_a_refused_value_ends_the_command_with_its_message() -> None:
+    """A flag value the arguments' checks refuse ends ``drl-trainer train`` / ``finetune`` with the
+    check's message (``SystemExit``, as argparse's own errors), not a traceback, before any work."""
+    import argparse
+    import re
+
+    from trainer import finetune as ft
+    from trainer import train as tr
+
+    for module, flags, said in ((tr, ["--cp-gate-scope", "critical"], "cp_gate_scope must be one of"),
+                                (tr, ["--cp-gate", "0.5"], "cp_gate must be 0 (off)"),
+                                (ft, ["--replay", "r.jsonl", "--registry", "reg", "--minutes", "0"],
+                                 "--minutes must be > 0")):
+        parser = argparse.ArgumentParser()
+        module.add_arguments(parser)
+        with pytest.raises(SystemExit, match=re.escape("error: " + said)):
+            module.run(parser.parse_args(flags))
