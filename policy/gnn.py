@@ -238,9 +238,9 @@ class GNNPlacer:
         q, g = self.model.encode_pools(torch.from_numpy(pool_x).to(self.device).unsqueeze(0))
         return self._pools.put(key, (self.model.pool_part(q, g)[0].cpu().numpy(), g[0].cpu().numpy()))
 
-    def _featurize(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> FeatureBatch:
-        """``request``'s features as this placer decodes them (pairs filled while decoding, the
-        premium gate applied)."""
+    def features(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> FeatureBatch:
+        """``request``'s features as this placer decodes them (pairs filled while decoding, its
+        premium gate and scope applied; training's teacher steps are read against the same)."""
         return featurize(request, graphs, pairs=False, cp_gate=self.cp_gate, cp_gate_scope=self.cp_gate_scope)
 
     @torch.no_grad()
@@ -249,7 +249,7 @@ class GNNPlacer:
     ) -> Decoded:
         """Decide the ready tasks of ``request`` step by step (see the module docstring)."""
         temp = self.temperature if temperature is None else temperature
-        return self._decode_features(self._featurize(request, graphs), temp, record=True)
+        return self._decode_features(self.features(request, graphs), temp, record=True)
 
     @torch.no_grad()
     def _decode_features(self, fb: FeatureBatch, temp: float, *, record: bool = False) -> Decoded:
@@ -374,7 +374,7 @@ class GNNPlacer:
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
         """Decisions in dispatch order; tasks the policy holds (stop) get none and stay ready."""
-        dec = self._decode_features(self._featurize(request, graphs), self.temperature)
+        dec = self._decode_features(self.features(request, graphs), self.temperature)
         return self._decisions(dec, dec.placed_order)
 
     def place_many(
@@ -390,7 +390,7 @@ class GNNPlacer:
         """
         if len(requests) != len(graphs):
             raise ValueError(f"place_many: {len(requests)} requests but {len(graphs)} graph maps")
-        fbs = [self._featurize(r, g) for r, g in zip(requests, graphs, strict=True)]
+        fbs = [self.features(r, g) for r, g in zip(requests, graphs, strict=True)]
         batched = [i for i, fb in enumerate(fbs) if fb.num_ready and fb.num_pools]
         if self.temperature > 0 or len(batched) < 2:
             return [self._decisions(dec, dec.placed_order)
@@ -498,10 +498,15 @@ def step_kernel_choice(choice: str) -> str:
     return choice
 
 
+def _trained(manifest: Mapping[str, Any], key: str, default: Any) -> Any:
+    """``training.<key>`` of a checkpoint's manifest (``default`` for checkpoints that predate the
+    option)."""
+    return (manifest.get("training") or {}).get(key, default)
+
+
 def _trained_ratio(manifest: Mapping[str, Any], key: str, default: float) -> float:
-    """``training.<key>`` of a checkpoint's manifest, checked as a premium ratio (``default`` for
-    checkpoints that predate the option)."""
-    return check_premium_ratio(float((manifest.get("training") or {}).get(key, default)), key)
+    """``training.<key>`` of a checkpoint's manifest, checked as a premium ratio."""
+    return check_premium_ratio(float(_trained(manifest, key, default)), key)
 
 
 def premium_ratio_of(manifest: Mapping[str, Any]) -> float:
@@ -519,13 +524,13 @@ def cp_gate_of(manifest: Mapping[str, Any]) -> float:
 def cp_gate_scope_of(manifest: Mapping[str, Any]) -> str:
     """The tasks a checkpoint's premium gate was trained to apply to (``training.cp_gate_scope``,
     ``off-cp`` for checkpoints that predate it; :data:`~policy.features.CP_GATE_SCOPES`)."""
-    return check_gate_scope(str((manifest.get("training") or {}).get("cp_gate_scope", CP_GATE_SCOPE)))
+    return check_gate_scope(str(_trained(manifest, "cp_gate_scope", CP_GATE_SCOPE)))
 
 
 def reserve_busy_of(manifest: Mapping[str, Any]) -> bool:
     """How a checkpoint decodes busy pools: as it was trained (``training.reserve_busy`` in its
     manifest; checkpoints from before the option send every chosen task)."""
-    return bool((manifest.get("training") or {}).get("reserve_busy", RESERVE_BUSY))
+    return bool(_trained(manifest, "reserve_busy", RESERVE_BUSY))
 
 
 def _logsumexp(x: np.ndarray) -> float:

@@ -63,7 +63,6 @@ from policy.features import (
     FeatureBatch,
     check_gate_scope,
     check_premium_ratio,
-    featurize,
     guard_fit,
     pair_dynamic,
     pool_free_within,
@@ -386,8 +385,7 @@ class _Recorder:
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
         taught = self.teacher.place(request, graphs)
-        fb = featurize(request, graphs, pairs=False, cp_gate=self.student.cp_gate,
-                       cp_gate_scope=self.student.cp_gate_scope)
+        fb = self.student.features(request, graphs)
         steps = teacher_steps(fb, taught, getattr(self.teacher, "trace", ()) if self.reservations else (),
                               self.reservations, self.student.premium_ratio, self.student.hold_ratio)
         if steps:
