@@ -1,6 +1,6 @@
 """Where does the money go, and how much of it can a placement rule save? (issue 4's cost goal)
 
-    python scripts/cost_frontier.py [--lams 300,500] [--cp 2,3-free,3-all]
+    python scripts/cost_frontier.py [--lams 300,500] [--cp 2,3-free,3-all,3-ride,3-near0.9,3-slack1]
         [--checkpoints DIR,DIR@3,DIR@3/all,...] [--seeds 0 1] [--load 0.85] [--jobs 2]
 
 Simulates the held-out settings of the benchmark (Epigenomics traces, BWA and SoyKB recipes of
@@ -96,10 +96,13 @@ def simulate(
     placer: Placer
     if name.startswith("boot-"):
         placer = BootAware(catalogue, float(name[5:]))
-    elif name.startswith("cp-"):  # cost-cp variants: cp-<ratio>[-free|-all]
-        ratio, _, variant = name[3:].partition("-")
-        placer = CriticalPathCost(catalogue, ratio=float(ratio), premium_free_slots=variant == "free",
-                                  every_task=variant == "all")
+    elif name.startswith("cp-"):  # cost-cp variants: cp-<ratio>[-free|-all|-ride][-near<f>]
+        ratio, *flags = name[3:].split("-")
+        near = next((float(f[4:]) for f in flags if f.startswith("near")), 1.0)
+        slack = next((float(f[5:]) for f in flags if f.startswith("slack")), None)
+        placer = CriticalPathCost(catalogue, ratio=float(ratio), premium_free_slots="free" in flags,
+                                  every_task="all" in flags, ride="ride" in flags, near=near,
+                                  slack=slack, order=next((f for f in flags if f in ("fifo", "rcp")), "srpt"))
     elif name.startswith("drl:"):  # a learned policy: drl:CHECKPOINT[@GATE[/all]] (GATE: cp_gate)
         ckpt, _, gate = name[4:].partition("@")
         gate, _, scope = gate.partition("/")
@@ -121,8 +124,10 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--load", type=float, default=0.85)
     ap.add_argument("--cp", default="", help="comma list of cost-cp variants: RATIO, RATIO-free "
-                    "(tasks with slack may also take a premium pool's free slot) or RATIO-all (no task may "
-                    "take a premium pool)")
+                    "(tasks with slack may also take a premium pool's free slot), RATIO-all (no task may "
+                    "take a premium pool), RATIO-ride (a free slot that a running task keeps billed), "
+                    "RATIO-near<F>, RATIO-slack<K>, RATIO-fifo / -rcp (CriticalPathCost's options); "
+                    "flags combine: 3-ride-fifo")
     ap.add_argument("--checkpoints", default="", help="comma list of learned-policy checkpoints to add, "
                     "each DIR, DIR@GATE (decoded with that cp_gate: premium pools only for critical-path tasks) "
                     "or DIR@GATE/all (the gate for every task)")

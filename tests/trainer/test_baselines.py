@@ -116,3 +116,36 @@ def test_cost_cp_keeps_premium_pools_for_the_critical_path():
     assert got == {"a": "small", "b": "small"}
     with pytest.raises(ValueError, match="ratio"):
         CriticalPathCost(None, ratio=0.5)
+
+
+def test_cost_cp_variants_ride_near_and_slack():
+    """The variants of ``cost-cp`` that ``scripts/cost_frontier.py --cp`` measures: a task with
+    slack may *ride* a premium pool's free slot that a running task keeps billed past its finish
+    (``ride``), count as critical within ``near`` x the critical path's rank, or take the premium
+    pool when the cheap pools would finish it later by more than ``slack`` x its slack."""
+    from policy.schema import PlacementRequest, PoolState, ReadyTask, RunGraph, TaskNode
+    from trainer.baselines.rules import CriticalPathCost
+
+    small = PoolState("small", "s", slots=2, cpus=4, memory_gb=16, speed=1.0, price_per_hour=0.17)
+    gpu = PoolState("gpu", "g", slots=2, cpus=8, memory_gb=64, gpus=1, speed=1.5, price_per_hour=1.2)
+    # a -> c (60 + 100 s) is the critical path, and a goes to the GPU first (40 s there); b (20 s,
+    # 13.3 s on the GPU) has 140 s of slack and would finish on the GPU before a does
+    c = TaskNode("c", duration_s=100)
+    g = RunGraph("d/r", (TaskNode("a", duration_s=60), TaskNode("b", duration_s=20), c), ((0, 2),))
+    req = PlacementRequest("q", (ReadyTask("d/r", "a"), ReadyTask("d/r", "b")), (small, gpu))
+
+    def placed(rule: CriticalPathCost, r: PlacementRequest = req) -> dict[str, str]:
+        return {d.task_id: d.pool for d in rule.place(r, {"d/r": g})}
+
+    assert placed(CriticalPathCost(None)) == {"a": "gpu", "b": "small"}
+    assert placed(CriticalPathCost(None, ride=True)) == {"a": "gpu", "b": "gpu"}
+    # a ride that would outlast the task keeping the worker billed is no ride
+    long_b = RunGraph("d/r", (TaskNode("a", duration_s=60), TaskNode("b", duration_s=90), c), ((0, 2),))
+    got = {d.task_id: d.pool for d in CriticalPathCost(None, ride=True).place(req, {"d/r": long_b})}
+    assert got == {"a": "gpu", "b": "small"}
+    # b's rank is 0.125 x the critical path's: critical within near = 0.1, not within 0.5
+    assert placed(CriticalPathCost(None, near=0.1)) == {"a": "gpu", "b": "gpu"}
+    assert placed(CriticalPathCost(None, near=0.5)) == {"a": "gpu", "b": "small"}
+    # the small pool finishes b 6.7 s later than the GPU: more than 0.04 x its 140 s of slack, less than 0.05 x
+    assert placed(CriticalPathCost(None, slack=0.04)) == {"a": "gpu", "b": "gpu"}
+    assert placed(CriticalPathCost(None, slack=0.05)) == {"a": "gpu", "b": "small"}

@@ -297,7 +297,15 @@ class CriticalPathCost(ListScheduler):
     ready and running tasks) never goes to a premium pool (with ``premium_free_slots``, only to
     one that has a free slot, so that no worker boots for it); a critical-path task may (with
     ``every_task``, none may: the premium gate of ``policy.features.CP_GATE_SCOPES``' ``all``).
-    Everything else is ``srpt+eft``.
+    Everything else is ``srpt+eft`` (``order``: another list order).
+
+    Variants measured by ``scripts/cost_frontier.py --cp`` (docs/policy.md, "Riding a premium
+    worker"): with ``ride``, a task with slack may take a premium pool's free slot when a task
+    running there is expected to finish after it (the worker is billed for that time anyway);
+    with ``near`` < 1 a task counts as critical when its upward rank is at least ``near`` x the
+    run's critical path; with ``slack`` = k it may take a premium pool when the cheap pools'
+    earliest finish is later than all pools' by more than k x its slack (the critical path's rank
+    less its own).
 
     Why it saves money on elastic pools: a worker the autoscaler boots is removed only after
     ``idle_scale_down_s`` of surplus, which a stream of arrivals rarely leaves it, so using a
@@ -307,11 +315,13 @@ class CriticalPathCost(ListScheduler):
     """
 
     def __init__(self, catalogue: Catalogue | None = None, ratio: float = 3.0,
-                 premium_free_slots: bool = False, every_task: bool = False) -> None:
-        super().__init__("srpt", "eft", catalogue)
+                 premium_free_slots: bool = False, every_task: bool = False, ride: bool = False,
+                 near: float = 1.0, slack: float | None = None, order: str = "srpt") -> None:
+        super().__init__(order, "eft", catalogue)
         if not ratio >= 1.0:
             raise ValueError(f"cost-cp needs a premium ratio >= 1, got {ratio!r}")
         self.ratio, self.premium_free_slots, self.every_task = ratio, premium_free_slots, every_task
+        self.ride, self.near, self.slack = ride, near, slack
         self.name = "cost-cp"
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
@@ -326,13 +336,33 @@ class CriticalPathCost(ListScheduler):
             if not self._any_slot(request):
                 break
             pools = feasible(task, request.pools)
-            if len(pools) > 1 and (self.every_task or g.rank[i] < crit[ready.run_key]):  # off the critical path
+            off_cp = g.rank[i] < self.near * crit[ready.run_key]
+            if len(pools) > 1 and (self.every_task or off_cp):
                 per_work = [p.price_per_hour / p.speed_for(task.kind) for p in pools]
                 cap = self.ratio * min(per_work)
-                pools = [p for p, c in zip(pools, per_work, strict=True)
-                         if c <= cap or (self.premium_free_slots and led.has_free_slot(p))]
+                cheap = [p for p, c in zip(pools, per_work, strict=True)
+                         if c <= cap or (self.premium_free_slots and led.has_free_slot(p))
+                         or (self.ride and self._rides(p, task))]
+                if self.slack is None or not self._late(task, cheap, pools, crit[ready.run_key] - g.rank[i]):
+                    pools = cheap
             self._place_eft(out, ready, task, pools, None)
         return out
+
+
+    def _late(self, task: TaskNode, cheap: list[PoolState], pools: list[PoolState], slack_s: float) -> bool:
+        """The cheap pools' earliest finish is later than all pools' by more than ``slack`` x
+        the task's slack (the critical path's rank less its own)."""
+        led = self.ledger
+        def eft(ps: list[PoolState]) -> float:
+            return min((led.free_at(p) + run_time(task, p) for p in ps), default=INF)
+        return eft(cheap) - eft(pools) > (self.slack or 0.0) * slack_s
+
+    def _rides(self, pool: PoolState, task: TaskNode) -> bool:
+        """A free slot of ``pool`` that a task already running there keeps billed past this
+        task's finish: taking it extends no worker's life."""
+        led = self.ledger
+        busy = led.view[pool.name]
+        return led.has_free_slot(pool) and bool(busy) and busy[-1] >= led.now + run_time(task, pool)
 
 
 class Fifo(_Rule):
