@@ -100,8 +100,9 @@ def simulate(
         ratio, *flags = name[3:].split("-")
         near = next((float(f[4:]) for f in flags if f.startswith("near")), 1.0)
         slack = next((float(f[5:]) for f in flags if f.startswith("slack")), None)
+        ride = next((float(f[4:] or 1) for f in flags if f.startswith("ride")), 0.0)
         placer = CriticalPathCost(catalogue, ratio=float(ratio), premium_free_slots="free" in flags,
-                                  every_task="all" in flags, ride="ride" in flags, near=near,
+                                  every_task="all" in flags, ride=ride, near=near,
                                   slack=slack, order=next((f for f in flags if f in ("fifo", "rcp")), "srpt"))
     elif name.startswith("drl:"):  # a learned policy: drl:CHECKPOINT[@GATE[/all]] (GATE: cp_gate)
         ckpt, _, gate = name[4:].partition("@")
@@ -125,7 +126,7 @@ def main() -> None:
     ap.add_argument("--load", type=float, default=0.85)
     ap.add_argument("--cp", default="", help="comma list of cost-cp variants: RATIO, RATIO-free "
                     "(tasks with slack may also take a premium pool's free slot), RATIO-all (no task may "
-                    "take a premium pool), RATIO-ride (a free slot that a running task keeps billed), "
+                    "take a premium pool), RATIO-ride[<F>] (a free slot that a running task keeps billed), "
                     "RATIO-near<F>, RATIO-slack<K>, RATIO-fifo / -rcp (CriticalPathCost's options); "
                     "flags combine: 3-ride-fifo")
     ap.add_argument("--checkpoints", default="", help="comma list of learned-policy checkpoints to add, "

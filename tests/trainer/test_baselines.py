@@ -138,10 +138,10 @@ def test_cost_cp_variants_ride_near_and_slack():
         return {d.task_id: d.pool for d in rule.place(r, {"d/r": g})}
 
     assert placed(CriticalPathCost(None)) == {"a": "gpu", "b": "small"}
-    assert placed(CriticalPathCost(None, ride=True)) == {"a": "gpu", "b": "gpu"}
+    assert placed(CriticalPathCost(None, ride=1.0)) == {"a": "gpu", "b": "gpu"}
     # a ride that would outlast the task keeping the worker billed is no ride
     long_b = RunGraph("d/r", (TaskNode("a", duration_s=60), TaskNode("b", duration_s=90), c), ((0, 2),))
-    got = {d.task_id: d.pool for d in CriticalPathCost(None, ride=True).place(req, {"d/r": long_b})}
+    got = {d.task_id: d.pool for d in CriticalPathCost(None, ride=1.0).place(req, {"d/r": long_b})}
     assert got == {"a": "gpu", "b": "small"}
     # b's rank is 0.125 x the critical path's: critical within near = 0.1, not within 0.5
     assert placed(CriticalPathCost(None, near=0.1)) == {"a": "gpu", "b": "gpu"}

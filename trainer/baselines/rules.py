@@ -300,8 +300,9 @@ class CriticalPathCost(ListScheduler):
     Everything else is ``srpt+eft`` (``order``: another list order).
 
     Variants measured by ``scripts/cost_frontier.py --cp`` (docs/policy.md, "Riding a premium
-    worker"): with ``ride``, a task with slack may take a premium pool's free slot when a task
-    running there is expected to finish after it (the worker is billed for that time anyway);
+    worker"): with ``ride`` = f > 0, a task with slack may take a premium pool's free slot when
+    its run time is at most f x the time left of the latest task running or queued there (the
+    worker is billed for that time anyway);
     with ``near`` < 1 a task counts as critical when its upward rank is at least ``near`` x the
     run's critical path; with ``slack`` = k it may take a premium pool when the cheap pools'
     earliest finish is later than all pools' by more than k x its slack (the critical path's rank
@@ -315,7 +316,7 @@ class CriticalPathCost(ListScheduler):
     """
 
     def __init__(self, catalogue: Catalogue | None = None, ratio: float = 3.0,
-                 premium_free_slots: bool = False, every_task: bool = False, ride: bool = False,
+                 premium_free_slots: bool = False, every_task: bool = False, ride: float = 0.0,
                  near: float = 1.0, slack: float | None = None, order: str = "srpt") -> None:
         super().__init__(order, "eft", catalogue)
         if not ratio >= 1.0:
@@ -342,7 +343,7 @@ class CriticalPathCost(ListScheduler):
                 cap = self.ratio * min(per_work)
                 cheap = [p for p, c in zip(pools, per_work, strict=True)
                          if c <= cap or (self.premium_free_slots and led.has_free_slot(p))
-                         or (self.ride and self._rides(p, task))]
+                         or (self.ride > 0 and self._rides(p, task))]
                 if self.slack is None or not self._late(task, cheap, pools, crit[ready.run_key] - g.rank[i]):
                     pools = cheap
             self._place_eft(out, ready, task, pools, None)
@@ -359,10 +360,12 @@ class CriticalPathCost(ListScheduler):
 
     def _rides(self, pool: PoolState, task: TaskNode) -> bool:
         """A free slot of ``pool`` that a task already running there keeps billed past this
-        task's finish: taking it extends no worker's life."""
+        task's finish (its run time at most ``ride`` x that task's time left): taking it extends
+        no worker's life."""
         led = self.ledger
         busy = led.view[pool.name]
-        return led.has_free_slot(pool) and bool(busy) and busy[-1] >= led.now + run_time(task, pool)
+        return (led.has_free_slot(pool) and bool(busy)
+                and self.ride * (busy[-1] - led.now) >= run_time(task, pool))
 
 
 class Fifo(_Rule):
