@@ -96,14 +96,14 @@ def simulate(
     placer: Placer
     if name.startswith("boot-"):
         placer = BootAware(catalogue, float(name[5:]))
-    elif name.startswith("cp-"):  # cost-cp variants: cp-<ratio>[-free|-all|-ride][-near<f>]
+    elif name.startswith("cp-"):  # cp-<ratio>[-free|-all][-ride[<f>]][-near<f>][-slack<k>][-fifo|-rcp]
         ratio, *flags = name[3:].split("-")
-        near = next((float(f[4:]) for f in flags if f.startswith("near")), 1.0)
-        slack = next((float(f[5:]) for f in flags if f.startswith("slack")), None)
-        ride = next((float(f[4:] or 1) for f in flags if f.startswith("ride")), 0.0)
+        opt = {k: f[len(k):] for f in flags for k in ("ride", "near", "slack") if f.startswith(k)}
         placer = CriticalPathCost(catalogue, ratio=float(ratio), premium_free_slots="free" in flags,
-                                  every_task="all" in flags, ride=ride, near=near,
-                                  slack=slack, order=next((f for f in flags if f in ("fifo", "rcp")), "srpt"))
+                                  every_task="all" in flags, ride=float(opt["ride"] or 1) if "ride" in opt else 0.0,
+                                  near=float(opt.get("near", 1)),
+                                  slack=float(opt["slack"]) if "slack" in opt else None,
+                                  order=next((f for f in flags if f in ("fifo", "rcp")), "srpt"))
     elif name.startswith("drl:"):  # a learned policy: drl:CHECKPOINT[@GATE[/all]] (GATE: cp_gate)
         ckpt, _, gate = name[4:].partition("@")
         gate, _, scope = gate.partition("/")

@@ -344,19 +344,18 @@ class CriticalPathCost(ListScheduler):
                 cheap = [p for p, c in zip(pools, per_work, strict=True)
                          if c <= cap or (self.premium_free_slots and led.has_free_slot(p))
                          or (self.ride > 0 and self._rides(p, task))]
-                if self.slack is None or not self._late(task, cheap, pools, crit[ready.run_key] - g.rank[i]):
+                slack_s = crit[ready.run_key] - g.rank[i]
+                if self.slack is None or not self._late(task, cheap, pools, self.slack * slack_s):
                     pools = cheap
             self._place_eft(out, ready, task, pools, None)
         return out
 
-
-    def _late(self, task: TaskNode, cheap: list[PoolState], pools: list[PoolState], slack_s: float) -> bool:
-        """The cheap pools' earliest finish is later than all pools' by more than ``slack`` x
-        the task's slack (the critical path's rank less its own)."""
+    def _late(self, task: TaskNode, cheap: list[PoolState], pools: list[PoolState], allowed_s: float) -> bool:
+        """The cheap pools' earliest finish is later than all pools' by more than ``allowed_s``
+        (``slack`` x the task's slack: the critical path's rank less its own)."""
         led = self.ledger
-        def eft(ps: list[PoolState]) -> float:
-            return min((led.free_at(p) + run_time(task, p) for p in ps), default=INF)
-        return eft(cheap) - eft(pools) > (self.slack or 0.0) * slack_s
+        finish = {p.name: led.free_at(p) + run_time(task, p) for p in pools}
+        return min((finish[p.name] for p in cheap), default=INF) - min(finish.values()) > allowed_s
 
     def _rides(self, pool: PoolState, task: TaskNode) -> bool:
         """A free slot of ``pool`` that a task already running there keeps billed past this
