@@ -96,13 +96,16 @@ def simulate(
     placer: Placer
     if name.startswith("boot-"):
         placer = BootAware(catalogue, float(name[5:]))
-    elif name.startswith("cp-"):  # cp-<ratio>[-free|-all][-ride[<f>]][-near<f>][-slack<k>][-fifo|-rcp]
+    elif name.startswith("cp-"):
+        # cp-<ratio>[-free|-all][-ride[<f>]][-near<f>][-slack<k>][-soft<s>][-noboot<k>][-fifo|-rcp]
         ratio, *flags = name[3:].split("-")
-        opt = {k: f[len(k):] for f in flags for k in ("ride", "near", "slack") if f.startswith(k)}
+        opt = {k: f[len(k):] for f in flags for k in ("ride", "near", "slack", "soft", "noboot") if f.startswith(k)}
         placer = CriticalPathCost(catalogue, ratio=float(ratio), premium_free_slots="free" in flags,
                                   every_task="all" in flags, ride=float(opt["ride"] or 1) if "ride" in opt else 0.0,
                                   near=float(opt.get("near", 1)),
                                   slack=float(opt["slack"]) if "slack" in opt else None,
+                                  soft=float(opt["soft"]) if "soft" in opt else None,
+                                  noboot=float(opt["noboot"]) if "noboot" in opt else None,
                                   order=next((f for f in flags if f in ("fifo", "rcp")), "srpt"))
     elif name.startswith("drl:"):  # a learned policy: drl:CHECKPOINT[@GATE[/all]] (GATE: cp_gate)
         ckpt, _, gate = name[4:].partition("@")
@@ -127,7 +130,9 @@ def main() -> None:
     ap.add_argument("--cp", default="", help="comma list of cost-cp variants: RATIO, RATIO-free "
                     "(tasks with slack may also take a premium pool's free slot), RATIO-all (no task may "
                     "take a premium pool), RATIO-ride[<F>] (a free slot that a running task keeps billed), "
-                    "RATIO-near<F>, RATIO-slack<K>, RATIO-fifo / -rcp (CriticalPathCost's options); "
+                    "RATIO-near<F>, RATIO-slack<K>, RATIO-soft<S> (a second tier within S x the cheapest, "
+                    "with -slack<K>), RATIO-noboot<K> (no boot for a task with slack unless it gains over K x "
+                    "its slack), RATIO-fifo / -rcp (CriticalPathCost's options); "
                     "flags combine: 3-ride-fifo")
     ap.add_argument("--checkpoints", default="", help="comma list of learned-policy checkpoints to add, "
                     "each DIR, DIR@GATE (decoded with that cp_gate: premium pools only for critical-path tasks) "

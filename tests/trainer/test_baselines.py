@@ -149,3 +149,43 @@ def test_cost_cp_variants_ride_near_and_slack():
     # the small pool finishes b 6.7 s later than the GPU: more than 0.04 x its 140 s of slack, less than 0.05 x
     assert placed(CriticalPathCost(None, slack=0.04)) == {"a": "gpu", "b": "gpu"}
     assert placed(CriticalPathCost(None, slack=0.05)) == {"a": "gpu", "b": "small"}
+
+
+def test_cost_cp_second_tier_and_no_boot_for_tasks_with_slack():
+    """``cost-cp``'s ``soft`` tier (a pool within ``ratio`` but over ``soft`` x the cheapest is
+    for a task with slack only when the cheapest would finish it later by more than ``slack`` x
+    its slack) and ``noboot`` (a task with slack makes no pool grow unless the boot finishes it
+    earlier by more than ``noboot`` x its slack: it waits for a busy slot instead)."""
+    from policy.schema import PlacementRequest, PoolState, ReadyTask, RunGraph, TaskNode
+    from trainer.baselines.ledger import PoolLimits
+    from trainer.baselines.rules import CriticalPathCost
+
+    # d/r: a -> c (60 + 100 s) is the critical path; b (20 s) has 140 s of slack. e/r: x (200 s)
+    # is sent first and keeps the small pool's one slot busy until t = 200.
+    g = RunGraph("d/r", (TaskNode("a", duration_s=60), TaskNode("b", duration_s=20),
+                         TaskNode("c", duration_s=100)), ((0, 2),))
+    e = RunGraph("e/r", (TaskNode("x", duration_s=200),), ())
+    graphs = {"d/r": g, "e/r": e}
+
+    def small(busy: int) -> PoolState:
+        return PoolState("small", "s", slots=1, cpus=4, memory_gb=16, speed=1.0, price_per_hour=0.17, busy=busy)
+
+    large = PoolState("large", "l", slots=2, cpus=16, memory_gb=128, speed=2.0, price_per_hour=0.90)
+
+    def where_b(rule: CriticalPathCost, pools: tuple[PoolState, ...]) -> tuple[str, bool]:
+        rule.place(PlacementRequest("q1", (ReadyTask("e/r", "x"),), (small(0),)), graphs)
+        rule.place(PlacementRequest("q2", (ReadyTask("d/r", "a"), ReadyTask("d/r", "b")), pools), graphs)
+        return next((pool, sent) for _, t, pool, sent in rule.trace if t == "b")
+
+    # a takes a large slot (30 s); for b the small pool finishes 210 s later than the large
+    # pool's other slot (220 against 10 s): more than 1 x its slack, less than 2 x
+    both = (small(1), large)
+    assert where_b(CriticalPathCost(None), both) == ("large", True)
+    assert where_b(CriticalPathCost(None, soft=2.0, slack=1.0), both) == ("large", True)
+    assert where_b(CriticalPathCost(None, soft=2.0, slack=2.0), both) == ("small", False)
+    # the small pool alone, elastic (45 s boot): a's send boots a worker; a second boot would
+    # finish b at 65 s instead of 220 s, 155 s sooner: more than 1 x its slack, less than 1.2 x
+    for noboot, sent in ((None, True), (1.0, True), (1.2, False)):
+        rule = CriticalPathCost(None, noboot=noboot)
+        rule.ledger.limits = {"small": PoolLimits(max_slots=4, boot_delay_s=45.0)}
+        assert where_b(rule, (small(1),)) == ("small", sent), noboot

@@ -51,6 +51,9 @@ class Ledger:
         self.pools: dict[str, PoolState] = {}
         self.now = 0.0
         self._extra_queued: dict[str, int] = {}
+        #: pools that may not grow for the task being placed (a rule's choice, e.g. ``cost-cp``'s
+        #: ``noboot``); reset by the rule after each task
+        self.no_grow: frozenset[str] = frozenset()
 
     def begin(self, request: PlacementRequest) -> None:
         """Reconcile with the request's pool counts and start a fresh working copy."""
@@ -90,9 +93,10 @@ class Ledger:
         return t
 
     def can_grow(self, pool: PoolState) -> bool:
-        """An elastic pool below its maximum, whose queue does not already cover the growth."""
+        """An elastic pool below its maximum, whose queue does not already cover the growth (and
+        not in ``no_grow``)."""
         lim = self.limits.get(pool.name)
-        if lim is None or pool.slots >= lim.max_slots:
+        if lim is None or pool.slots >= lim.max_slots or pool.name in self.no_grow:
             return False
         queued = pool.queued + self._extra_queued.get(pool.name, 0)
         return queued < lim.max_slots - pool.slots

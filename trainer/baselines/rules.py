@@ -306,7 +306,11 @@ class CriticalPathCost(ListScheduler):
     with ``near`` < 1 a task counts as critical when its upward rank is at least ``near`` x the
     run's critical path; with ``slack`` = k it may take a premium pool when the cheap pools'
     earliest finish is later than all pools' by more than k x its slack (the critical path's rank
-    less its own).
+    less its own). With ``soft`` = s and ``slack`` = k, the pools priced within ``ratio`` but over
+    s x the cheapest are a second tier a task with slack takes only when the cheapest pools would
+    finish it later by more than k x its slack. With ``noboot`` = k a task with slack makes no
+    pool grow (it waits for a busy slot) unless the boot would finish it earlier by more than
+    k x its slack.
 
     Why it saves money on elastic pools: a worker the autoscaler boots is removed only after
     ``idle_scale_down_s`` of surplus, which a stream of arrivals rarely leaves it, so using a
@@ -317,12 +321,13 @@ class CriticalPathCost(ListScheduler):
 
     def __init__(self, catalogue: Catalogue | None = None, ratio: float = 3.0,
                  premium_free_slots: bool = False, every_task: bool = False, ride: float = 0.0,
-                 near: float = 1.0, slack: float | None = None, order: str = "srpt") -> None:
+                 near: float = 1.0, slack: float | None = None, order: str = "srpt",
+                 soft: float | None = None, noboot: float | None = None) -> None:
         super().__init__(order, "eft", catalogue)
         if not ratio >= 1.0:
             raise ValueError(f"cost-cp needs a premium ratio >= 1, got {ratio!r}")
         self.ratio, self.premium_free_slots, self.every_task = ratio, premium_free_slots, every_task
-        self.ride, self.near, self.slack = ride, near, slack
+        self.ride, self.near, self.slack, self.soft, self.noboot = ride, near, slack, soft, noboot
         self.name = "cost-cp"
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
@@ -338,17 +343,34 @@ class CriticalPathCost(ListScheduler):
                 break
             pools = feasible(task, request.pools)
             off_cp = g.rank[i] < self.near * crit[ready.run_key]
+            slack_s = crit[ready.run_key] - g.rank[i]
             if len(pools) > 1 and (self.every_task or off_cp):
                 per_work = [p.price_per_hour / p.speed_for(task.kind) for p in pools]
                 cap = self.ratio * min(per_work)
                 cheap = [p for p, c in zip(pools, per_work, strict=True)
                          if c <= cap or (self.premium_free_slots and led.has_free_slot(p))
                          or (self.ride > 0 and self._rides(p, task))]
-                slack_s = crit[ready.run_key] - g.rank[i]
-                if self.slack is None or not self._late(task, cheap, pools, self.slack * slack_s):
+                if self.soft is not None:  # a second tier: the pools within soft x the cheapest
+                    cheapest = [p for p, c in zip(pools, per_work, strict=True)
+                                if p in cheap and c <= self.soft * min(per_work)]
+                    pools = cheap if self._late(task, cheapest, cheap, (self.slack or 0.0) * slack_s) else cheapest
+                elif self.slack is None or not self._late(task, cheap, pools, self.slack * slack_s):
                     pools = cheap
+            if self.noboot is not None and off_cp and pools and not self._boot_pays(task, pools, self.noboot * slack_s):
+                led.no_grow = frozenset(p.name for p in pools)
             self._place_eft(out, ready, task, pools, None)
+            led.no_grow = frozenset()
         return out
+
+    def _boot_pays(self, task: TaskNode, pools: list[PoolState], allowed_s: float) -> bool:
+        """Growing a pool (a worker boots) finishes ``task`` earlier than the busy slots would by
+        more than ``allowed_s`` (``noboot`` x its slack)."""
+        led = self.ledger
+        grown = min(led.free_at(p) + run_time(task, p) for p in pools)
+        led.no_grow = frozenset(p.name for p in pools)
+        kept = min(led.free_at(p) + run_time(task, p) for p in pools)
+        led.no_grow = frozenset()
+        return kept - grown > allowed_s
 
     def _late(self, task: TaskNode, cheap: list[PoolState], pools: list[PoolState], allowed_s: float) -> bool:
         """The cheap pools' earliest finish is later than all pools' by more than ``allowed_s``
