@@ -12,7 +12,8 @@ matched by name (a WfFormat file list by its first file's family), so files meas
 another folder still match. ``--metric`` takes another column of the JSON (the best baseline is
 then the one lowest on that metric, per setting). ``--reference best-fixed`` divides by one
 baseline everywhere instead: the one with the lowest geometric mean of the metric over every
-setting and seed pair (issue 4's "best fixed baseline"), named in the output.
+setting and seed pair (issue 4's "best fixed baseline"), named in the output with the per-setting
+best's ratio to it (how far apart the two references are on these settings).
 """
 
 from __future__ import annotations
@@ -80,7 +81,9 @@ def main() -> None:
     fixed = None
     if args.reference == "best-fixed":
         fixed = best_fixed(list(bases.values()))
-        print(f"best fixed baseline: {fixed}")
+        gap = _geomean([_best(t)[k] / t[fixed][k] for t in bases.values() for k in t[fixed]])
+        print(f"best fixed baseline: {fixed}; the per-setting best is {gap:.3f} x it, so 0.95 x it "
+              f"is {0.95 / gap:.3f} x the per-setting best")
     for spec in args.models:
         name, _, prefix = spec.partition("=")
         per_seed: list[float] = []
