@@ -126,6 +126,10 @@ class Args:
     time_scale: float = 1.0
     #: teacher: 'auto' = per-setting best of ``candidates``; or one baseline name
     teacher: str = "auto"
+    #: streams of ``eval_runs`` DAG runs each that 'auto' scores the candidates on (the mean of
+    #: the objective over them); a p95 of one 30-run stream is its 2nd-longest run, so one stream
+    #: can pick a different teacher with each seed
+    teacher_streams: int = 1
     candidates: str = "srpt+eft,srpt+eftm,fifo+eft,rcp+eft,cost-aware,heft,min-min"
     #: objective to minimise (see the module docstring) and the weight of cost on top of it
     objective: str = "mean_jct"
@@ -200,8 +204,8 @@ class Args:
         if not 0.0 <= self.beta_final <= 1.0:
             raise ValueError(f"beta_final must be in [0, 1], got {self.beta_final!r}")
         for name in ("iters", "runs_start", "runs_end", "epochs", "batch_requests", "eval_runs", "eval_streams",
-                     "rl_iters", "rl_rollouts", "rl_runs_start", "rl_runs_end", "rl_epochs", "rl_batch_requests",
-                     "rl_eval_every"):
+                     "teacher_streams", "rl_iters", "rl_rollouts", "rl_runs_start", "rl_runs_end", "rl_epochs",
+                     "rl_batch_requests", "rl_eval_every"):
             if getattr(self, name) < (0 if name in ("iters", "rl_iters", "rl_eval_every") else 1):
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
         if self.reserve_busy not in (0, 1):
@@ -475,11 +479,13 @@ def choose_teachers(settings: Sequence[Setting], catalogue: Catalogue, args: Arg
         if args.teacher != "auto":
             s.teacher = args.teacher
             continue
-        jobs = make_stream(s, catalogue, args.eval_runs, args.seed + 500, args)
-        rows = {n: simulate(catalogue, jobs, make_placer(n, catalogue, args.seed), args.seed + 500, args)
-                for n in names}
-        ref = rows[names[0]]
-        s.scores = {n: objective_value(r, args, ref) for n, r in rows.items()}
+        per_stream: dict[str, list[float]] = {n: [] for n in names}
+        for seed in range(args.seed + 500, args.seed + 500 + args.teacher_streams):
+            jobs = make_stream(s, catalogue, args.eval_runs, seed, args)
+            rows = {n: simulate(catalogue, jobs, make_placer(n, catalogue, args.seed), seed, args) for n in names}
+            for n, r in rows.items():
+                per_stream[n].append(objective_value(r, args, rows[names[0]]))
+        s.scores = {n: float(np.mean(v)) for n, v in per_stream.items()}
         s.teacher = min(s.scores, key=lambda n: s.scores[n])
         log.info("setting %s: teacher %s (%s)", s.name, s.teacher,
                  ", ".join(f"{n} {v:.1f}" for n, v in sorted(s.scores.items(), key=lambda kv: kv[1])))

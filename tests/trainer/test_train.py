@@ -21,6 +21,7 @@ from trainer.train import (
     Args,
     add_arguments,
     bc_update,
+    choose_teachers,
     collect,
     imitation_nll,
     make_stream,
@@ -278,3 +279,27 @@ def test_time_scale_randomises_training_streams_only() -> None:
         assert np.array_equal(work(again), work(scaled))  # same seed, same factor
         factors.append(ratio[0])
     assert min(factors) < 0.7 and max(factors) > 1.4
+
+
+def test_teacher_streams_score_the_candidates_on_more_than_one_stream() -> None:
+    """'auto' scores each candidate by the mean objective over ``teacher_streams`` streams (seeds
+    seed + 500, seed + 501, ...); one stream is the choice as before."""
+    catalogue = load_catalogue(Args().pools)
+    streams = {}
+    for n in (1, 3):
+        args = Args(workflows="etl", objective="p95_jct", candidates="srpt+eft,fifo+eft,heft", eval_runs=6,
+                    teacher_streams=n, seed=2)
+        setting = settings_from("etl", seed=2)[0]
+        choose_teachers([setting], catalogue, args)
+        streams[n] = setting.scores
+        assert setting.teacher == min(setting.scores, key=setting.scores.__getitem__)
+    one = Args(workflows="etl", objective="p95_jct", eval_runs=6, seed=2)
+    per_seed = {name: [sim_summary(catalogue, make_stream(setting, catalogue, 6, seed, one),
+                                   make_placer(name, catalogue, 2), seed, one)["p95_jct_s"] for seed in (502, 503, 504)]
+                for name in ("srpt+eft", "fifo+eft", "heft")}
+    for name, values in per_seed.items():
+        assert streams[1][name] == pytest.approx(values[0])
+        assert streams[3][name] == pytest.approx(np.mean(values))
+    assert streams[3] != streams[1]
+    with pytest.raises(ValueError, match="teacher_streams must be positive"):
+        Args(teacher_streams=0)
