@@ -98,6 +98,15 @@ class _Rule:
         led = self.ledger
         return any(led.has_free_slot(p) or (p.up and led.can_grow(p)) for p in request.pools)
 
+    def _send_or_reserve(self, out: list[Decision], ready: ReadyTask, pool: PoolState, run_s: float,
+                         finish: float, why: str) -> None:
+        """Send ``ready`` to ``pool`` when it has a free slot or can grow; else it waits for the
+        pool's next slot (``finish``: its estimated finish there)."""
+        if self.ledger.has_free_slot(pool) or self.ledger.can_grow(pool):
+            self._send(out, ready, pool, run_s, why)
+        else:
+            self._reserve(ready, pool, finish)
+
     def _send(self, out: list[Decision], ready: ReadyTask, pool: PoolState, run_s: float, why: str) -> None:
         finish = max(self.ledger.free_at(pool), self.ledger.now) + run_s
         self.ledger.commit(pool, finish)
@@ -128,10 +137,7 @@ class _Rule:
                 best, best_pool = best_free, best_free_pool
         assert best_pool is not None
         run_s = run_time(task, best_pool)
-        if led.has_free_slot(best_pool) or led.can_grow(best_pool):
-            self._send(out, ready, best_pool, run_s, f"eft {best[0] - now:.1f}s on {best_pool.name}")
-        else:
-            self._reserve(ready, best_pool, best[0])
+        self._send_or_reserve(out, ready, best_pool, run_s, best[0], f"eft {best[0] - now:.1f}s on {best_pool.name}")
 
     def _place_ff(
         self, out: list[Decision], ready: ReadyTask, task: TaskNode, pools: list[PoolState]
@@ -244,10 +250,7 @@ class MinMin(_Rule):
             run[k, :] = INF
             ready, task, _, _ = items[k]
             p = pools[j]
-            if led.has_free_slot(p) or led.can_grow(p):
-                self._send(out, ready, p, run_time(task, p), f"min-min finish {f - led.now:.1f}s")
-            else:
-                self._reserve(ready, p, f)
+            self._send_or_reserve(out, ready, p, run_time(task, p), f, f"min-min finish {f - led.now:.1f}s")
         return out
 
 
@@ -281,10 +284,7 @@ class CostAware(ListScheduler):
             ok = [(run_time(task, p) * p.price_per_hour, f, p) for f, p in scored
                   if f - now <= (1.0 + self.slack) * (best_f - now)]
             _, f, p = min(ok, key=lambda s: (s[0], s[1], s[2].name))
-            if led.has_free_slot(p) or led.can_grow(p):
-                self._send(out, ready, p, run_time(task, p), f"cheapest within {self.slack:.0%} of eft")
-            else:
-                self._reserve(ready, p, f)
+            self._send_or_reserve(out, ready, p, run_time(task, p), f, f"cheapest within {self.slack:.0%} of eft")
         return out
 
 
