@@ -78,10 +78,11 @@ def main() -> None:
                     help="divide by the best baseline of each setting (default) or by the best fixed one")
     args = ap.parse_args()
     bases = {seed: _table(f"{args.base}-{seed}.json", args.metric) for seed in args.seeds}  # read once
+    bests = {seed: _best(t) for seed, t in bases.items()}
     fixed = None
     if args.reference == "best-fixed":
         fixed = best_fixed(list(bases.values()))
-        gap = _geomean([_best(t)[k] / t[fixed][k] for t in bases.values() for k in t[fixed]])
+        gap = _geomean([bests[seed][k] / t[fixed][k] for seed, t in bases.items() for k in t[fixed]])
         print(f"best fixed baseline: {fixed}; the per-setting best is {gap:.3f} x it, so 0.95 x it "
               f"is {0.95 / gap:.3f} x the per-setting best")
     for spec in args.models:
@@ -89,7 +90,7 @@ def main() -> None:
         per_seed: list[float] = []
         per_family: dict[str, list[float]] = {}
         for seed in args.seeds:
-            best = _best(bases[seed]) if fixed is None else bases[seed][fixed]
+            best = bests[seed] if fixed is None else bases[seed][fixed]
             mine = _table(f"{prefix or name}-{seed}.json", args.metric)["drl"]
             zero = sorted(k for k in mine if best[k] <= 0)
             if zero:  # a rate (SLA violations) can be 0: no ratio, and no geometric mean with it

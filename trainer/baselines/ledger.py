@@ -14,6 +14,8 @@ Elastic pools (from the catalogue) that may still grow free a slot after a boot 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from policy.catalogue import Catalogue
@@ -51,8 +53,7 @@ class Ledger:
         self.pools: dict[str, PoolState] = {}
         self.now = 0.0
         self._extra_queued: dict[str, int] = {}
-        #: pools that may not grow for the task being placed (a rule's choice, e.g. ``cost-cp``'s
-        #: ``noboot``); reset by the rule after each task
+        #: pools that may not grow while a rule places one task (:meth:`no_growth`)
         self.no_grow: frozenset[str] = frozenset()
 
     def begin(self, request: PlacementRequest) -> None:
@@ -100,6 +101,16 @@ class Ledger:
             return False
         queued = pool.queued + self._extra_queued.get(pool.name, 0)
         return queued < lim.max_slots - pool.slots
+
+    @contextmanager
+    def no_growth(self, pools: Iterable[str]) -> Iterator[None]:
+        """Within the block the named pools cannot grow: ``free_at`` and ``can_grow`` count only
+        their live slots (``cost-cp``'s ``noboot``: a task with slack waits for a busy slot)."""
+        self.no_grow = frozenset(pools)
+        try:
+            yield
+        finally:
+            self.no_grow = frozenset()
 
     def has_free_slot(self, pool: PoolState) -> bool:
         return pool.up and len(self.view[pool.name]) < pool.slots

@@ -346,20 +346,21 @@ class CriticalPathCost(ListScheduler):
             slack_s = crit[ready.run_key] - g.rank[i]
             if len(pools) > 1 and (self.every_task or off_cp):
                 per_work = [p.price_per_hour / p.speed_for(task.kind) for p in pools]
-                cap = self.ratio * min(per_work)
-                cheap = [p for p, c in zip(pools, per_work, strict=True)
-                         if c <= cap or (self.premium_free_slots and led.has_free_slot(p))
-                         or (self.ride > 0 and self._rides(p, task))]
+                lowest = min(per_work)
+                priced = [(p, c) for p, c in zip(pools, per_work, strict=True)
+                          if c <= self.ratio * lowest or (self.premium_free_slots and led.has_free_slot(p))
+                          or (self.ride > 0 and self._rides(p, task))]
+                cheap = [p for p, _ in priced]
                 if self.soft is not None:  # a second tier: the pools within soft x the cheapest
-                    cheapest = [p for p, c in zip(pools, per_work, strict=True)
-                                if p in cheap and c <= self.soft * min(per_work)]
+                    cheapest = [p for p, c in priced if c <= self.soft * lowest]
                     pools = cheap if self._late(task, cheapest, cheap, (self.slack or 0.0) * slack_s) else cheapest
                 elif self.slack is None or not self._late(task, cheap, pools, self.slack * slack_s):
                     pools = cheap
             if self.noboot is not None and off_cp and pools and not self._boot_pays(task, pools, self.noboot * slack_s):
-                led.no_grow = frozenset(p.name for p in pools)
-            self._place_eft(out, ready, task, pools, None)
-            led.no_grow = frozenset()
+                with led.no_growth(p.name for p in pools):
+                    self._place_eft(out, ready, task, pools, None)
+            else:
+                self._place_eft(out, ready, task, pools, None)
         return out
 
     def _boot_pays(self, task: TaskNode, pools: list[PoolState], allowed_s: float) -> bool:
@@ -367,9 +368,8 @@ class CriticalPathCost(ListScheduler):
         more than ``allowed_s`` (``noboot`` x its slack)."""
         led = self.ledger
         grown = min(led.free_at(p) + run_time(task, p) for p in pools)
-        led.no_grow = frozenset(p.name for p in pools)
-        kept = min(led.free_at(p) + run_time(task, p) for p in pools)
-        led.no_grow = frozenset()
+        with led.no_growth(p.name for p in pools):
+            kept = min(led.free_at(p) + run_time(task, p) for p in pools)
         return kept - grown > allowed_s
 
     def _late(self, task: TaskNode, cheap: list[PoolState], pools: list[PoolState], allowed_s: float) -> bool:
