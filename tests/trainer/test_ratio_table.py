@@ -65,3 +65,21 @@ def test_ratio_table_refuses_a_zero_reference(tmp_path: Path, monkeypatch: pytes
                                       "--seeds", "0", "--metric", "sla_violation_rate"])
     with pytest.raises(SystemExit, match="sla_violation_rate of the reference is 0 on bwa"):
         runpy.run_path(str(SCRIPT), run_name="__main__")
+
+
+def test_ratio_table_over_one_rule_per_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """``--reference per-setting-rule``: one baseline per setting over all seeds, not the best of each seed."""
+    for seed, heft in ((0, 90), (20, 120)):  # heft wins seed 0, srpt+eft seed 20 and over both
+        _bench(tmp_path / f"base-{seed}.json", [("srpt+eft", "wfcommons:bwa:200:3", 100), ("heft", "wfcommons:bwa:200:3", heft)])
+        _bench(tmp_path / f"m-{seed}.json", [("drl", "wfcommons:bwa:200:3", 95)])
+    argv = ["ratio_table.py", str(tmp_path / "base"), f"m={tmp_path / 'm'}", "--seeds", "0", "20"]
+    monkeypatch.setattr(sys, "argv", argv)
+    runpy.run_path(str(SCRIPT), run_name="__main__")
+    # per seed: 95/90 and 95/100
+    assert capsys.readouterr().out.strip() == "m: 1.056 / 0.950  mean 1.001  (bwa 1.001)"
+    monkeypatch.setattr(sys, "argv", argv + ["--reference", "per-setting-rule"])
+    runpy.run_path(str(SCRIPT), run_name="__main__")
+    # srpt+eft's geometric mean 100 < heft's sqrt(90 x 120) = 103.9; the per-seed best is sqrt(0.9 x 1.0) x it
+    assert capsys.readouterr().out.strip().splitlines() == [
+        "per-setting rule: bwa srpt+eft (the per-seed best is 0.949 x it)", "m: 0.950 / 0.950  mean 0.950  (bwa 0.950)"]
