@@ -57,23 +57,28 @@ def _best(table: dict[str, dict[str, float]]) -> dict[str, float]:
     return out
 
 
+def _lowest(tables: list[dict[str, dict[str, float]]], cells: list[tuple[int, str]]) -> str:
+    """The baseline with the lowest geometric mean over ``cells`` (table index, setting family),
+    among those that ran in every one of them."""
+    ok = [p for p in tables[0] if p != "drl" and all(k in tables[i].get(p, {}) for i, k in cells)]
+    if not ok:
+        raise SystemExit(f"no baseline ran on every seed of {', '.join(sorted({k for _, k in cells}))}")
+    return min(ok, key=lambda p: _geomean([tables[i][p][k] for i, k in cells]))
+
+
+def _families(table: dict[str, dict[str, float]]) -> set[str]:
+    return {k for p, row in table.items() if p != "drl" for k in row}
+
+
 def best_fixed(tables: list[dict[str, dict[str, float]]]) -> str:
     """The baseline with the lowest geometric mean over every (setting, seed) cell it ran in all."""
-    cells = [(t, k) for t in tables for k in {k for p, row in t.items() if p != "drl" for k in row}]
-    ok = [p for p in tables[0] if p != "drl" and all(k in t.get(p, {}) for t, k in cells)]
-    if not ok:
-        raise SystemExit("no baseline ran on every setting and seed")
-    return min(ok, key=lambda p: _geomean([t[p][k] for t, k in cells]))
+    return _lowest(tables, [(i, k) for i, t in enumerate(tables) for k in _families(t)])
 
 
 def per_setting_rules(tables: list[dict[str, dict[str, float]]]) -> dict[str, str]:
-    """Per setting family, the baseline with the lowest geometric mean over the seeds it ran in all."""
-    out: dict[str, str] = {}
-    for key in sorted({k for t in tables for p, row in t.items() if p != "drl" for k in row}):
-        ok = [p for p in tables[0] if p != "drl" and all(key in t.get(p, {}) for t in tables)]
-        if ok:
-            out[key] = min(ok, key=lambda p: _geomean([t[p][key] for t in tables]))
-    return out
+    """Per setting family, the baseline with the lowest geometric mean over all the seeds."""
+    return {k: _lowest(tables, [(i, k) for i in range(len(tables))])
+            for k in sorted(set().union(*map(_families, tables)))}
 
 
 def _geomean(values: list[float]) -> float:
@@ -95,16 +100,17 @@ def main() -> None:
     args = ap.parse_args()
     bases = {seed: _table(f"{args.base}-{seed}.json", args.metric) for seed in args.seeds}  # read once
     bests = {seed: _best(t) for seed, t in bases.items()}
-    fixed = None
+    refs = bests  # the reference value per seed and setting family
     if args.reference == "per-setting-rule":
         rules = per_setting_rules(list(bases.values()))
-        gaps = {k: _geomean([bests[seed][k] / t[p][k] for seed, t in bases.items()]) for k, p in rules.items()}
+        refs = {seed: {k: t[p][k] for k, p in rules.items()} for seed, t in bases.items()}
+        gaps = {k: _geomean([bests[seed][k] / refs[seed][k] for seed in bases]) for k in rules}
         print("per-setting rule: " + " / ".join(f"{k} {p} (the per-seed best is {gaps[k]:.3f} x it)"
                                                 for k, p in rules.items()))
-        bests = {seed: {k: t[p][k] for k, p in rules.items()} for seed, t in bases.items()}
     elif args.reference == "best-fixed":
         fixed = best_fixed(list(bases.values()))
-        gap = _geomean([bests[seed][k] / t[fixed][k] for seed, t in bases.items() for k in t[fixed]])
+        refs = {seed: t[fixed] for seed, t in bases.items()}
+        gap = _geomean([bests[seed][k] / v for seed, ref in refs.items() for k, v in ref.items()])
         print(f"best fixed baseline: {fixed}; the per-setting best is {gap:.3f} x it, so 0.95 x it "
               f"is {0.95 / gap:.3f} x the per-setting best")
     for spec in args.models:
@@ -112,7 +118,7 @@ def main() -> None:
         per_seed: list[float] = []
         per_family: dict[str, list[float]] = {}
         for seed in args.seeds:
-            best = bests[seed] if fixed is None else bases[seed][fixed]
+            best = refs[seed]
             mine = _table(f"{prefix or name}-{seed}.json", args.metric)["drl"]
             zero = sorted(k for k in mine if best[k] <= 0)
             if zero:  # a rate (SLA violations) can be 0: no ratio, and no geometric mean with it

@@ -25,6 +25,7 @@ Placements:
 from __future__ import annotations
 
 import random
+from contextlib import nullcontext
 from typing import Callable, Mapping
 
 import numpy as np
@@ -356,10 +357,9 @@ class CriticalPathCost(ListScheduler):
                     pools = cheap if self._late(task, cheapest, cheap, (self.slack or 0.0) * slack_s) else cheapest
                 elif self.slack is None or not self._late(task, cheap, pools, self.slack * slack_s):
                     pools = cheap
-            if self.noboot is not None and off_cp and pools and not self._boot_pays(task, pools, self.noboot * slack_s):
-                with led.no_growth(p.name for p in pools):
-                    self._place_eft(out, ready, task, pools, None)
-            else:
+            no_boot = self.noboot is not None and off_cp and pools and not self._boot_pays(
+                task, pools, self.noboot * slack_s)
+            with led.no_growth(p.name for p in pools) if no_boot else nullcontext():
                 self._place_eft(out, ready, task, pools, None)
         return out
 
