@@ -6,7 +6,8 @@
 Prints the figures and a JSON line. Three numbers per setting, median over ``--repeat`` calls:
 
 * ``forward_ms``: one forward pass of the model over a decision batch (task encoder over the
-  whole run, pool encoder, all (ready task, pool) logits): "model only".
+  whole run, pool encoder, all (ready task, pool) logits): "model only" (an ensemble's: one
+  pass of each member).
 * ``place_ms``: :meth:`GNNPlacer.place` with the run's embeddings cached (the steady state of a
   server: a run's graph is encoded once), featurization, sequential decode and reason strings.
 * ``place_cold_ms``: the same with the embedding cache cleared (first request of a run).
@@ -69,7 +70,8 @@ def _bench_one(placer: GNNPlacer, pools: tuple[PoolState, ...], n: int, ready: i
 
     def forward() -> None:
         with torch.inference_mode():
-            placer.model(bt)
+            for model in placer.models:  # an ensemble's every member
+                model(bt)
         if placer.device.type == "cuda":
             torch.cuda.synchronize(placer.device)  # time the work, not its launch
 

@@ -10,6 +10,12 @@ changed featurizer is caught even if someone forgot to bump the version), the mo
 sha256 and size of the weights file, the parameter shapes, the training config, the evaluation
 results and the code version. :func:`load_checkpoint` checks all of it before building a model
 and raises :class:`~policy.errors.CheckpointError` naming the file and the mismatch.
+
+An *ensemble* (:func:`save_ensemble`, ``drl-trainer ensemble``) is a checkpoint of several
+models whose logits the placer averages (:meth:`policy.gnn.GNNPlacer.with_members`): one weights
+file, each member's tensors under the prefix ``m<i>.``, one hash over all of them, and a
+``members`` list in the manifest (each member's version, feature schema version, model config
+and training record); it decodes with its first member's settings (``training``).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import logging
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 from safetensors import SafetensorError
@@ -90,6 +96,8 @@ class Checkpoint:
     model: PlacementGNN
     manifest: dict[str, Any]
     path: Path
+    #: an ensemble's further members, ``(version, model)`` (``model`` is its first)
+    members: list[tuple[str, PlacementGNN]] = field(default_factory=list)
     config: ModelConfig = field(init=False)
 
     def __post_init__(self) -> None:
@@ -113,9 +121,34 @@ def save_checkpoint(
     name: str = "gnn",
 ) -> Path:
     """Write ``model`` to the directory ``path`` (created if missing); return the manifest path."""
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    return _write(path, name, tensors, model, training, evaluation, {})
+
+
+def save_ensemble(members: Sequence[Checkpoint], path: str | Path, *, name: str = "ensemble") -> Path:
+    """Write the ensemble of ``members`` (two or more loaded checkpoints) to the directory
+    ``path`` (see the module docstring); return the manifest path."""
+    if len(members) < 2:
+        raise CheckpointError(f"an ensemble needs two or more checkpoints, got {len(members)}")
+    if any(c.members for c in members):
+        raise CheckpointError("an ensemble's members must be single models (name the ensemble's own members)")
+    tensors = {f"m{i}.{k}": v.detach().to("cpu").clone().contiguous()  # (one checkpoint twice: no shared memory)
+               for i, c in enumerate(members) for k, v in c.model.state_dict().items()}
+    newest = max(members, key=lambda c: c.model.schema_version)
+    listed = [{"version": c.version, "feature_schema": c.model.schema_version, "model": c.config.to_json(),
+               "path": str(c.path), "training": c.manifest.get("training") or {}} for c in members]
+    # the first member's training record: the decoder's settings (busy pools, premium guards)
+    return _write(path, name, tensors, newest.model, members[0].manifest.get("training"), {}, {"members": listed},
+                  config=members[0].config)
+
+
+def _write(path: str | Path, name: str, tensors: dict[str, torch.Tensor], model: PlacementGNN,
+           training: Mapping[str, Any] | None, evaluation: Mapping[str, Any] | None, extra: dict[str, Any],
+           config: ModelConfig | None = None) -> Path:
+    """Write ``tensors`` and their manifest (the feature schema of ``model``, the config
+    ``config`` or ``model``'s, ``extra`` keys) to the directory ``path``."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     blob = st_save(tensors, metadata={"format": FORMAT})
     sha = hashlib.sha256(blob).hexdigest()
     manifest = {
@@ -126,16 +159,34 @@ def save_checkpoint(
         "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "code_version": code_version(),
         "feature_schema": feature_schema(model.schema_version),
-        "model": model.config.to_json(),
+        "model": (config or model.config).to_json(),
         "weights": {"file": WEIGHTS_FILE, "sha256": sha, "bytes": len(blob)},
         "parameters": {k: list(v.shape) for k, v in tensors.items()},
         "training": dict(training or {}),
         "evaluation": dict(evaluation or {}),
+        **extra,
     }
     (path / WEIGHTS_FILE).write_bytes(blob)
     (path / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     log.info("saved checkpoint %s (%s, %d bytes)", path, manifest["version"], len(blob))
     return path / MANIFEST_FILE
+
+
+def _member_models(manifest: Mapping[str, Any], mpath: Path) -> list[tuple[str, PlacementGNN]]:
+    """The ``(version, model)`` of each member an ensemble's manifest lists (``[]`` for one model)."""
+    members = manifest.get("members")
+    if members is None:
+        return []
+    if not isinstance(members, list) or len(members) < 2 or not all(isinstance(m, dict) for m in members):
+        raise CheckpointError(f"{mpath}: 'members' must list two or more member objects")
+    out = []
+    for i, m in enumerate(members):
+        schema = m.get("feature_schema")
+        if not isinstance(schema, int) or schema not in READY_COLUMNS:
+            raise CheckpointError(f"{mpath}: member {i} has feature schema version {schema!r};"
+                                  f" this code reads {sorted(READY_COLUMNS)}")
+        out.append((str(m.get("version", f"m{i}")), PlacementGNN(ModelConfig.from_json(m.get("model")), schema)))
+    return out
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
@@ -203,8 +254,10 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
         tensors = st_load(blob)
     except (SafetensorError, ValueError) as exc:
         raise CheckpointError(f"{wpath}: not a valid safetensors file: {exc}") from exc
-    model = PlacementGNN(config, manifest["feature_schema"]["version"])
-    expected = {k: list(v.shape) for k, v in model.state_dict().items()}
+    members = _member_models(manifest, path / MANIFEST_FILE)
+    models = [m for _, m in members] or [PlacementGNN(config, manifest["feature_schema"]["version"])]
+    prefixes = [f"m{i}." for i in range(len(members))] or [""]
+    expected = {p + k: list(v.shape) for p, m in zip(prefixes, models, strict=True) for k, v in m.state_dict().items()}
     got = {k: list(v.shape) for k, v in tensors.items()}
     if got != expected or manifest["parameters"] != expected:
         missing = sorted(set(expected) - set(got))
@@ -214,8 +267,10 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
             f"{wpath}: parameters do not match the model {config}: missing {missing}, unexpected"
             f" {extra}, wrong shape {wrong}"
         )
-    model.load_state_dict(tensors)
-    model.to(device)
-    model.eval()
+    for p, m in zip(prefixes, models, strict=True):
+        m.load_state_dict({k[len(p):]: v for k, v in tensors.items() if k.startswith(p)})
+        m.to(device)
+        m.eval()
     log.info("loaded checkpoint %s (%s)", path, manifest["version"])
-    return Checkpoint(model=model, manifest=manifest, path=path)
+    return Checkpoint(model=models[0], manifest=manifest, path=path,
+                      members=[(v, m) for (v, _), m in zip(members[1:], models[1:], strict=True)])

@@ -178,6 +178,9 @@ class GNNPlacer:
         self.step_kernel = step_kernel_choice(step_kernel)
         if self.step_kernel == "compiled":
             step_kernel_mod.warm_up()  # compiled (or loaded from numba's cache) once per process
+        #: further models whose scores are averaged with this one's at every step (an ensemble,
+        #: :meth:`with_members`); their decoder settings are this placer's
+        self.members: list[GNNPlacer] = []
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "cpu", **kwargs: Any) -> GNNPlacer:
@@ -190,13 +193,37 @@ class GNNPlacer:
         kwargs.setdefault("premium_ratio", premium_ratio_of(ckpt.manifest))
         kwargs.setdefault("cp_gate", cp_gate_of(ckpt.manifest))
         kwargs.setdefault("cp_gate_scope", cp_gate_scope_of(ckpt.manifest))
-        return cls(ckpt.model, version=ckpt.version, manifest=ckpt.manifest, device=device, **kwargs)
+        placer = cls(ckpt.model, version=ckpt.version, manifest=ckpt.manifest, device=device, **kwargs)
+        if ckpt.members:  # an ensemble checkpoint: its own version names it
+            placer.with_members([m for _, m in ckpt.members], [v for v, _ in ckpt.members]).version = ckpt.version
+        return placer
+
+    @property
+    def models(self) -> list[PlacementGNN]:
+        """This placer's model and its ensemble members' (:meth:`with_members`)."""
+        return [self.model] + [m.model for m in self.members]
+
+    def with_members(self, models: Sequence[PlacementGNN], versions: Sequence[str]) -> GNNPlacer:
+        """This placer as an ensemble: at every step the logits of each (task, pool) pair and of
+        stop are the mean over this model and ``models`` (a product of their distributions), read
+        on the same features and under this placer's guards, masks and gates. The steps run on
+        numpy (one request at a time); the reason's evidence is this model's. Returns ``self``."""
+        if len(models) != len(versions):
+            raise ValueError(f"with_members: {len(models)} models but {len(versions)} versions")
+        self.members = [GNNPlacer(m, version=v, device=str(self.device), explain=False, step_kernel="numpy")
+                        for m, v in zip(models, versions, strict=True)]
+        self.version = "+".join([self.version, *versions])
+        self._weights = stacked_weights([self.model.numpy_weights()] + [m._weights for m in self.members])
+        return self
 
     def clear_cache(self) -> None:
         """Forget cached run embeddings and weights (call after changing the model's weights)."""
         self._embed.clear()
         self._pools.clear()
-        self._weights = self.model.numpy_weights()
+        for m in self.members:
+            m.clear_cache()
+        weights = self.model.numpy_weights()
+        self._weights = stacked_weights([weights] + [m._weights for m in self.members]) if self.members else weights
 
     def forget_run(self, key: tuple[str, str]) -> None:
         """Drop the cached embeddings of run ``(run_key, digest)`` (its graph left the server's cache)."""
@@ -227,6 +254,19 @@ class GNNPlacer:
         h_all = torch.cat(h_rows)
         s_all = torch.stack(s_rows)
         return h_all[torch.from_numpy(offs[fb.ready_run] + fb.ready_node).to(self.device)], s_all[rr]
+
+    def _head_parts(self, fb: FeatureBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(a [R, H], g [H], b [P, H])``: the task and pool sides of the first head layer and
+        the cluster summary for ``fb``'s ready tasks; an ensemble's side by side (``H`` the sum
+        of its members' widths, read by :func:`stacked_weights`)."""
+        h_ready, s_ready = self._run_embeddings(fb)
+        ready_x = torch.from_numpy(fb.ready_x).to(self.device)
+        b_np, g_np = self._pool_parts(fb.pool_x)
+        a_np = self.model.task_part(h_ready, s_ready, ready_x).cpu().numpy()
+        if not self.members:
+            return a_np, g_np, b_np
+        parts = [(a_np, g_np, b_np)] + [m._head_parts(fb) for m in self.members]
+        return tuple(np.concatenate(x, axis=-1) for x in zip(*parts, strict=True))  # type: ignore[return-value]
 
     def _pool_parts(self, pool_x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(b [P, H], g [H])``: the pool side of the head and the cluster summary, cached by the
@@ -263,11 +303,7 @@ class GNNPlacer:
         steps: list[Step] = []
         if n == 0:
             return Decoded(fb, actions, steps, 0.0, probs, contrib)
-        model = self.model
-        h_ready, s_ready = self._run_embeddings(fb)
-        ready_x = torch.from_numpy(fb.ready_x).to(self.device)
-        b_np, g_np = self._pool_parts(fb.pool_x)  # [P, H], [H]
-        a_np = model.task_part(h_ready, s_ready, ready_x).cpu().numpy()  # [R, H]
+        a_np, g_np, b_np = self._head_parts(fb)  # [R, H], [H], [P, H]
         wt = self._weights
         busy_anywhere = any(p.busy + p.queued > 0 for p in fb.pools)
         rows = fb.order.copy()
@@ -392,7 +428,7 @@ class GNNPlacer:
             raise ValueError(f"place_many: {len(requests)} requests but {len(graphs)} graph maps")
         fbs = [self.features(r, g) for r, g in zip(requests, graphs, strict=True)]
         batched = [i for i, fb in enumerate(fbs) if fb.num_ready and fb.num_pools]
-        if self.temperature > 0 or len(batched) < 2:
+        if self.temperature > 0 or len(batched) < 2 or self.members:
             return [self._decisions(dec, dec.placed_order)
                     for dec in (self._decode_features(fb, self.temperature) for fb in fbs)]
         out: list[list[Decision]] = [[] for _ in fbs]
@@ -486,6 +522,37 @@ class GNNPlacer:
         return out
 
 
+def stacked_weights(members: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The head and stop weights (:meth:`PlacementGNN.numpy_weights`) of one model whose logits
+    are the mean of ``members``' logits, given their head parts side by side (``a``, ``b``, ``g``
+    concatenated along the hidden axis, :meth:`GNNPlacer._head_parts`): the pair layers stacked
+    along the hidden axis and the output rows scaled by ``1/K``; the stop MLP's first layer
+    block-diagonal (each member's hidden units read its own ``[a_mean, g]``). Every step, the
+    compiled one included, then decodes the ensemble as it decodes one model."""
+    k = len(members)
+    h = [int(m["w"].shape[0]) for m in members]
+    h2 = [int(m["s2_w"].shape[0]) for m in members]
+    s0_w = np.zeros((2 * sum(h), sum(h2)), dtype=members[0]["s0_w"].dtype)
+    ra, rg, c = 0, sum(h), 0
+    for m, hi, h2i in zip(members, h, h2, strict=True):
+        s0_w[ra:ra + hi, c:c + h2i] = m["s0_w"][:hi]  # the member's mean task part ...
+        s0_w[rg:rg + hi, c:c + h2i] = m["s0_w"][hi:]  # ... and its cluster summary
+        ra, rg, c = ra + hi, rg + hi, c + h2i
+
+    def cat(key: str, axis: int = 0) -> np.ndarray:
+        return np.concatenate([m[key] for m in members], axis=axis)
+
+    return {
+        "c_t": cat("c_t", 1),
+        "w": cat("w") / np.float32(k),
+        "b": np.mean([m["b"] for m in members], axis=0).astype(members[0]["b"].dtype),
+        "s0_w": s0_w,
+        "s0_b": cat("s0_b"),
+        "s2_w": cat("s2_w") / np.float32(k),
+        "s2_b": np.mean([m["s2_b"] for m in members], axis=0).astype(members[0]["s2_b"].dtype),
+    }
+
+
 def step_kernel_choice(choice: str) -> str:
     """``"compiled"`` or ``"numpy"``: the one-request steps for ``choice`` (``"auto"``: compiled
     where numba is installed); ``ValueError`` for another name, or "compiled" without numba."""
@@ -560,11 +627,13 @@ class Attribution:
     task_features: dict[str, float] | None = None
 
 
-def attribute(model: PlacementGNN, dec: Decoded, row: int, device: torch.device | str = "cpu") -> Attribution:
+def attribute(model: PlacementGNN | Sequence[PlacementGNN], dec: Decoded, row: int,
+              device: torch.device | str = "cpu") -> Attribution:
     """Full evidence for one decision: pair features and task nodes (used by ``explain``).
 
     Rows of one request share the task encoder, so node attributions for a row come from the
-    gradient of that row's margin alone (one backward pass per call).
+    gradient of that row's margin alone (one backward pass per call). ``model`` may be an
+    ensemble's models (:attr:`GNNPlacer.models`): the margin is then that of their mean logits.
     """
     from policy.model import collate
 
@@ -573,15 +642,22 @@ def attribute(model: PlacementGNN, dec: Decoded, row: int, device: torch.device 
     bt = collate([fb], device)
     xs = bt.x.clone().requires_grad_(True)
     pair_x = bt.pair_x.clone().requires_grad_(True)
+    models = [model] if isinstance(model, PlacementGNN) else list(model)
+
+    def row_logits(m: PlacementGNN) -> Tensor:
+        h, summary = m.encode_graph(xs, bt.edge_index, bt.node_run, bt.num_runs)
+        q, g = m.encode_pools(bt.pool_x)
+        a = m.task_part(h[bt.ready_node], summary[bt.ready_run], bt.ready_x)
+        return m.pair_logits(a, m.pool_part(q, g)[bt.ready_sample], pair_x, bt.mask)[row]
+
     with torch.enable_grad():
-        h, summary = model.encode_graph(xs, bt.edge_index, bt.node_run, bt.num_runs)
-        q, g = model.encode_pools(bt.pool_x)
-        a = model.task_part(h[bt.ready_node], summary[bt.ready_run], bt.ready_x)
-        b = model.pool_part(q, g)[bt.ready_sample]
-        logits = model.pair_logits(a, b, pair_x, bt.mask)[row]
+        logits = torch.stack([row_logits(m) for m in models]).mean(dim=0)
         chosen = int(dec.actions[row]) if dec.actions[row] >= 0 else int(np.argmax(dec.probs[row]))
         order = torch.argsort(logits, descending=True).tolist()
-        runner = next((j for j in order if j != chosen), None)
+        # the runner-up among the pools the decoding step offered (a busy pool that
+        # reserve_busy blocked there has probability 0; the one-shot logits do not know it)
+        offered = [j for j in order if j != chosen and dec.probs[row, j] > 0]
+        runner = next(iter(offered or [j for j in order if j != chosen]), None)
         margin = logits[chosen] - (logits[runner] if runner is not None else 0.0)
         gx, gp = torch.autograd.grad(margin, [xs, pair_x])
     contrib = gp[row] * pair_x[row].detach()

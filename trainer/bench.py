@@ -52,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arrival", choices=("poisson", "burst"), default="poisson")
     parser.add_argument("--dag-runs", type=int, default=200, help="DAG runs per simulation")
     parser.add_argument("--checkpoint", default=None,
-                        help="checkpoint folder of the 'drl' policy (default: policy/checkpoints/default)")
+                        help="checkpoint folder of the 'drl' policy (default: policy/checkpoints/default); "
+                             "several joined by commas: their ensemble (mean logits, the first one's decoder settings)")
     parser.add_argument("--seed", type=int, default=0, help="first seed")
     parser.add_argument("--seeds", type=int, default=1, help="number of seeds (seed, seed+1, ...)")
     parser.add_argument("--duration-noise", type=float, default=0.3, help="log-normal sigma of run times")

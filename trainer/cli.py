@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "bench": ("trainer.bench", "simulate policies on workloads and report metrics against lower bounds"),
     "train": ("trainer.train", "train the GNN placement policy in the simulator"),
     "makespan": ("trainer.makespan", "each DAG alone on an idle cluster: makespan against the makespan bound"),
+    "ensemble": ("trainer.ensemble", "write several checkpoints as one ensemble checkpoint (mean logits)"),
     "explain": ("trainer.explain", "explain one placement decision of a checkpoint"),
     "finetune": ("trainer.finetune", "fine-tune the policy on recorded traces and promote it if it wins"),
 }

@@ -127,6 +127,10 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
     report: dict[str, Any] = {"incumbent": {"path": str(incumbent_path), "version": incumbent.version},
                               "replay": a.replay, "config": dataclasses.asdict(a), "promoted": False}
 
+    if incumbent.members:
+        report["decision"] = (f"kept the incumbent: {incumbent.version} is an ensemble of "
+                              f"{len(incumbent.members) + 1} models; fine-tuning trains one model")
+        return _finish(report, out, t0)
     runs = read_replay(a.replay)
     report["recorded_runs"] = len(runs)
     if len(runs) < a.min_runs:

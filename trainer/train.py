@@ -57,6 +57,7 @@ import torch
 from policy.catalogue import Catalogue, load_catalogue
 from policy.checkpoint import load_checkpoint, save_checkpoint
 from policy.config import field_docs
+from policy.errors import CheckpointError
 from policy.features import (
     CP_GATE_SCOPE,
     HOLD_RATIO,
@@ -556,6 +557,10 @@ def tensorboard_writer(logdir: Path) -> Any:
 def train(args: Args) -> dict[str, Any]:
     """Train, save the checkpoint into ``args.out`` and return the summary written there."""
     t_start = time.perf_counter()
+    ckpt = load_checkpoint(args.init) if args.init else None  # refused before any work
+    if ckpt is not None and ckpt.members:
+        raise CheckpointError(f"--init {args.init}: an ensemble ({ckpt.version}) is not trained as one;"
+                              " start from one of its members (manifest 'members')")
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(args.seed)
@@ -576,8 +581,7 @@ def train(args: Args) -> dict[str, Any]:
     heldout = settings_from(args.heldout, args.seed + 1) if args.heldout else []
     choose_teachers(settings, catalogue, args)
     init_version = ""
-    if args.init:
-        ckpt = load_checkpoint(args.init)
+    if ckpt is not None:
         model, init_version = upgraded(ckpt.model), ckpt.version  # an older schema gains the new columns
     else:
         model = PlacementGNN(ModelConfig(hidden=args.hidden, layers=args.layers))

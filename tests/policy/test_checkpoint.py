@@ -175,3 +175,53 @@ def test_default_checkpoint_refuses_tampering(tmp_path: Path) -> None:
     (copy / MANIFEST_FILE).write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="task features"):
         load_checkpoint(copy)
+
+
+def _ensemble(tmp_path: Path) -> tuple[Path, list[PlacementGNN]]:
+    from policy.checkpoint import save_ensemble
+
+    models = []
+    for i, (hidden, schema) in enumerate([(16, max(READY_COLUMNS)), (8, 4)]):
+        torch.manual_seed(i)
+        models.append(PlacementGNN(ModelConfig(hidden=hidden, layers=2), schema))
+        save_checkpoint(models[-1], tmp_path / f"m{i}", training={"seed": i, "reserve_busy": i == 0})
+    save_ensemble([load_checkpoint(tmp_path / f"m{i}") for i in range(2)], tmp_path / "ens", name="vote")
+    return tmp_path / "ens", models
+
+
+def test_an_ensemble_round_trips_as_one_checkpoint(tmp_path: Path) -> None:
+    """``save_ensemble``: one weights file and hash; each member back with its own config and
+    feature schema; the placer takes its members, the ensemble's version and the first member's
+    decoder settings; tampering and malformed member lists are refused; one model is no ensemble."""
+    from policy.checkpoint import save_ensemble
+    from policy.gnn import GNNPlacer
+
+    path, models = _ensemble(tmp_path)
+    loaded = load_checkpoint(path)
+    assert loaded.version.startswith("vote-") and loaded.manifest["training"]["seed"] == 0
+    got = [loaded.model] + [m for _, m in loaded.members]
+    assert [m.config.hidden for m in got] == [16, 8] and [m.schema_version for m in got] == [max(READY_COLUMNS), 4]
+    for want, have in zip(models, got, strict=True):
+        for k, v in want.state_dict().items():
+            assert torch.equal(have.state_dict()[k], v)
+    assert [v for v, _ in loaded.members] == [load_checkpoint(tmp_path / "m1").version]
+    placer = GNNPlacer.from_checkpoint(path)
+    assert placer.version == loaded.version and len(placer.models) == 2 and placer.reserve_busy
+    with pytest.raises(CheckpointError, match="two or more"):
+        save_ensemble([loaded], tmp_path / "one")
+    with pytest.raises(CheckpointError, match="single models"):
+        save_ensemble([loaded, load_checkpoint(tmp_path / "m0")], tmp_path / "nested")
+    manifest = json.loads((path / MANIFEST_FILE).read_text())
+    for members, match in [(manifest["members"][:1], "two or more"),
+                           ([manifest["members"][0], {**manifest["members"][1], "feature_schema": 99}], "member 1"),
+                           ([manifest["members"][0], {**manifest["members"][1], "model": {"hidden": 32, "layers": 2}}],
+                            "parameters do not match")]:
+        (path / MANIFEST_FILE).write_text(json.dumps({**manifest, "members": members}))
+        with pytest.raises(CheckpointError, match=match):
+            load_checkpoint(path)
+    (path / MANIFEST_FILE).write_text(json.dumps(manifest))
+    blob = bytearray((path / WEIGHTS_FILE).read_bytes())
+    blob[-1] ^= 0x01
+    (path / WEIGHTS_FILE).write_bytes(bytes(blob))
+    with pytest.raises(CheckpointError, match="sha256 .* does not match"):
+        load_checkpoint(path)

@@ -499,3 +499,59 @@ def test_reasons_name_only_features_that_differ_between_the_pools() -> None:
                     names = [p.name for p in req.pools]
                     assert not fb.pairs.mask[row, names.index(runner)]
     assert seen > 40
+
+
+
+def _actions(placer: GNNPlacer, items: list) -> list[tuple[list[int], list[int]]]:
+    out = []
+    for req, graphs in items:
+        dec = placer._decode_features(placer.features(req, graphs), 0.0)
+        out.append((dec.actions.tolist(), dec.placed_order))
+    return out
+
+
+@pytest.mark.parametrize("kernel", ["numpy"] + (["compiled"] if step_kernel.AVAILABLE else []))
+@pytest.mark.parametrize("reserve_busy", [False, True])
+def test_an_ensemble_decides_on_its_members_mean_logits(reserve_busy: bool, kernel: str) -> None:
+    """``with_members``: a model with itself decides as alone; two models decide alike in
+    either order, unlike either alone; without stop, the first task sent and its pool are the
+    argmax of the members' mean one-shot logits, and the stop logit is the mean of theirs;
+    place_many decides each request as place. On the numpy and the compiled steps."""
+    items = [(r, g) for r, g in mixed_requests() if r.ready]
+    items += [big_request(int(n), ready=16, seed=s) for s, n in enumerate((60, 200, 400))]
+    a = _placer(reserve_busy=reserve_busy, step_kernel=kernel)
+    torch.manual_seed(7)
+    b = GNNPlacer(PlacementGNN(ModelConfig(hidden=16)), reserve_busy=reserve_busy, step_kernel=kernel)
+
+    def ens(x: GNNPlacer, y: GNNPlacer, **kw: object) -> GNNPlacer:
+        return GNNPlacer(x.model, reserve_busy=reserve_busy, step_kernel=kernel,  # type: ignore[arg-type]
+                         **kw).with_members([y.model], ["y"])
+
+    alone = _actions(a, items)
+    assert _actions(ens(a, a), items) == alone
+    both = _actions(ens(a, b), items)
+    assert both == _actions(ens(b, a), items)
+    assert both != alone and both != _actions(b, items)
+    assert ens(a, b).version == "gnn-untrained+y"
+    no_stop = GNNPlacer(a.model, allow_wait=False).with_members([b.model], ["y"])  # sends its first choice
+    differs = 0
+    for req, graphs in items:
+        fb = featurize(req, graphs)  # nothing placed yet: the first step's features
+        la, lb = (m.model(collate([fb]))[0].detach().double() for m in (a, b))
+        mean = (la + lb) / 2
+        r, p = divmod(int(mean.argmax()), fb.num_pools)
+        dec = no_stop._decode_features(no_stop.features(req, graphs), 0.0)
+        assert (dec.placed_order[0], dec.actions[r]) == (r, p)
+        differs += int(int(la.argmax()) != int(mean.argmax()) or int(lb.argmax()) != int(mean.argmax()))
+        with torch.no_grad():
+            am, g = (torch.from_numpy(x) for x in no_stop._head_parts(no_stop.features(req, graphs))[:2])
+        h = a.model.config.hidden
+        stop = float(torch.from_numpy(
+            np.concatenate([am.mean(0).numpy(), g.numpy()]) @ no_stop._weights["s0_w"] + no_stop._weights["s0_b"]
+        ).clamp(min=0) @ torch.from_numpy(no_stop._weights["s2_w"]) + float(no_stop._weights["s2_b"][0]))
+        each = [float(m.model.stop_logits(x.mean(0, keepdim=True), y.unsqueeze(0))) for m, x, y in
+                ((a, am[:, :h], g[:h]), (b, am[:, h:], g[h:]))]
+        assert stop == pytest.approx(sum(each) / 2, abs=1e-5)
+    assert differs
+    single = [no_stop.place(r, g) for r, g in items]
+    _same(no_stop.place_many([r for r, _ in items], [g for _, g in items]), single)

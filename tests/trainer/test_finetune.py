@@ -82,6 +82,25 @@ def test_too_few_traces_train_nothing(tmp_path: Path, registry: Path) -> None:
     assert "scores" not in report
 
 
+def test_an_ensemble_incumbent_is_kept_and_not_trained_from(tmp_path: Path) -> None:
+    """An active ensemble (``drl-trainer ensemble``) is kept, saying why (fine-tuning trains one
+    model), and ``drl-trainer train --init`` of one is refused with the same reason."""
+    from policy.checkpoint import save_ensemble
+    from policy.errors import CheckpointError
+    from trainer.train import Args, train
+
+    default = load_checkpoint(ROOT / "policy" / "checkpoints" / "default")
+    save_ensemble([default, default], tmp_path / "models" / "ens")
+    reg = tmp_path / "registry"
+    activate(reg, tmp_path / "models" / "ens")
+    before = (reg / MANIFEST).read_text()
+    report = finetune(_args(tmp_path, reg, min_improvement=-10.0))
+    assert not report["promoted"] and "is an ensemble of 2 models" in report["decision"]
+    assert (reg / MANIFEST).read_text() == before
+    with pytest.raises(CheckpointError, match="ensemble .* start from one of its members"):
+        train(Args(workflows="mlpipeline", init=str(tmp_path / "models" / "ens"), out=str(tmp_path / "out")))
+
+
 def test_every_flag_says_what_it_does() -> None:
     """``drl-trainer finetune --help`` shows each ``FinetuneArgs`` field's ``#:`` comment (it
     printed only defaults), as ``train --help`` does; no field takes a neighbour's comment."""

@@ -44,7 +44,8 @@ def make_placer(name: str, catalogue: Catalogue | None = None, seed: int = 0,
     """A fresh placer (placers keep per-simulation state: build one per simulation).
 
     ``drl`` is the GNN policy loaded from ``checkpoint`` (default: the committed default
-    checkpoint), greedy, on the CPU, with its stop guard at ``hold_ratio`` (default:
+    checkpoint; several folders joined by commas: their ensemble, :meth:`GNNPlacer.with_members`),
+    greedy, on the CPU, with its stop guard at ``hold_ratio`` (default:
     :data:`policy.features.HOLD_RATIO`), decoding busy pools as the checkpoint was trained
     unless ``reserve_busy`` says otherwise, with the premium gate ``cp_gate`` over
     ``cp_gate_scope``'s tasks (:data:`policy.features.CP_GATE_SCOPES`; both default to the
@@ -61,7 +62,14 @@ def make_placer(name: str, catalogue: Catalogue | None = None, seed: int = 0,
             extra["cp_gate"] = cp_gate
         if cp_gate_scope is not None:
             extra["cp_gate_scope"] = cp_gate_scope
-        return GNNPlacer.from_checkpoint(checkpoint or DEFAULT_CHECKPOINT, device="cpu", **extra)
+        first, *others = str(checkpoint or DEFAULT_CHECKPOINT).split(",")
+        placer = GNNPlacer.from_checkpoint(first, device="cpu", **extra)
+        if others:  # an ensemble: the first checkpoint's decoder settings, every model's scores
+            from policy.checkpoint import load_checkpoint
+
+            loaded = [load_checkpoint(p) for p in others]
+            placer.with_members([c.model for c in loaded], [c.version for c in loaded])
+        return placer
     if name == "random":
         return RandomPlacer(catalogue, seed)
     if name == "round-robin":
