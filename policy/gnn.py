@@ -43,6 +43,11 @@ How a batch is decided
     :func:`~policy.features.gate_premium`), or for every task with ``cp_gate_scope="all"``; a
     decision's reason names the pools it gated.
 
+Ensembles
+    :meth:`GNNPlacer.with_members` (or a checkpoint written by ``drl-trainer ensemble``) averages
+    several models' logits at every step: one wider head (:func:`stacked_weights`), decoded as
+    one model, under the first model's settings.
+
 The reason string
     :func:`attribute` is the attribution machinery shared with ``drl-trainer explain``:
     gradient x input of the margin between the chosen pool's logit and the runner-up's, over
@@ -206,8 +211,10 @@ class GNNPlacer:
     def with_members(self, models: Sequence[PlacementGNN], versions: Sequence[str]) -> GNNPlacer:
         """This placer as an ensemble: at every step the logits of each (task, pool) pair and of
         stop are the mean over this model and ``models`` (a product of their distributions), read
-        on the same features and under this placer's guards, masks and gates. The steps run on
-        numpy (one request at a time); the reason's evidence is this model's. Returns ``self``."""
+        on the same features and under this placer's guards, masks and gates. The members' head
+        parts sit side by side under :func:`stacked_weights`, so the one-request steps (compiled
+        or numpy) decode it as one wider model and the reasons' evidence is the members' mean;
+        :meth:`place_many` decides its requests one by one. Returns ``self``."""
         if len(models) != len(versions):
             raise ValueError(f"with_members: {len(models)} models but {len(versions)} versions")
         self.members = [GNNPlacer(m, version=v, device=str(self.device), explain=False, step_kernel="numpy")

@@ -176,3 +176,14 @@ def test_real_gnn_checkpoint_is_served_and_a_tampered_one_refused(tmp_path: Path
     wait_for(lambda: server.metrics.model_load_failures._value.get() == 2)
     reply = ask(rclient, request([g], [("gnn", "t2")]))
     assert reply is not None and reply.ok and server.version == before
+    # an ensemble checkpoint (drl-trainer ensemble) hot-reloads as one model, and serves
+    from policy.checkpoint import load_checkpoint, save_ensemble
+
+    save_checkpoint(PlacementGNN(ModelConfig(hidden=4, layers=1)), tmp_path / "second", name="second")
+    save_ensemble([load_checkpoint(tmp_path / "small"), load_checkpoint(tmp_path / "second")], tmp_path / "ens")
+    activate(tmp_path, "ens")
+    ens = load_checkpoint(tmp_path / "ens").version
+    wait_for(lambda: server.version == f"drl:{ens}")
+    assert len(server.placer.models) == 2
+    reply = ask(rclient, request([g], [("gnn", "t2"), ("gnn", "t5")]))
+    assert reply is not None and reply.ok and reply.policy_version.endswith(ens) and 1 <= len(reply.decisions) <= 2
