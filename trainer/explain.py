@@ -171,7 +171,7 @@ def draw(dec: Decoded, row: int, att: Attribution, request: PlacementRequest, pa
 def run(args: argparse.Namespace) -> int:
     placer = GNNPlacer.from_checkpoint(args.checkpoint)
     request, dec, row = find_decision(args, placer)
-    att = attribute(placer.model, dec, row)
+    att = attribute(placer.models, dec, row)
     print(f"checkpoint {args.checkpoint} ({placer.version})")
     print(report(request, dec, row, att, args.top))
     if args.png:
