@@ -549,8 +549,9 @@ def test_an_ensemble_decides_on_its_members_mean_logits(reserve_busy: bool, kern
         stop = float(torch.from_numpy(
             np.concatenate([am.mean(0).numpy(), g.numpy()]) @ no_stop._weights["s0_w"] + no_stop._weights["s0_b"]
         ).clamp(min=0) @ torch.from_numpy(no_stop._weights["s2_w"]) + float(no_stop._weights["s2_b"][0]))
-        each = [float(m.model.stop_logits(x.mean(0, keepdim=True), y.unsqueeze(0))) for m, x, y in
-                ((a, am[:, :h], g[:h]), (b, am[:, h:], g[h:]))]
+        with torch.no_grad():
+            each = [float(m.model.stop_logits(x.mean(0, keepdim=True), y.unsqueeze(0))) for m, x, y in
+                    ((a, am[:, :h], g[:h]), (b, am[:, h:], g[h:]))]
         assert stop == pytest.approx(sum(each) / 2, abs=1e-5)
     assert differs
     single = [no_stop.place(r, g) for r, g in items]
