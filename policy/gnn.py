@@ -200,7 +200,7 @@ class GNNPlacer:
         kwargs.setdefault("cp_gate_scope", cp_gate_scope_of(ckpt.manifest))
         placer = cls(ckpt.model, version=ckpt.version, manifest=ckpt.manifest, device=device, **kwargs)
         if ckpt.members:  # an ensemble checkpoint: its own version names it
-            placer.with_members([m for _, m in ckpt.members], [v for v, _ in ckpt.members]).version = ckpt.version
+            placer.with_members(ckpt.members).version = ckpt.version
         return placer
 
     @property
@@ -208,19 +208,18 @@ class GNNPlacer:
         """This placer's model and its ensemble members' (:meth:`with_members`)."""
         return [self.model] + [m.model for m in self.members]
 
-    def with_members(self, models: Sequence[PlacementGNN], versions: Sequence[str]) -> GNNPlacer:
+    def with_members(self, members: Sequence[tuple[str, PlacementGNN]]) -> GNNPlacer:
         """This placer as an ensemble: at every step the logits of each (task, pool) pair and of
-        stop are the mean over this model and ``models`` (a product of their distributions), read
-        on the same features and under this placer's guards, masks and gates. The members' head
+        stop are the mean over this model and ``members``' models (``(version, model)`` pairs, as
+        :attr:`policy.checkpoint.Checkpoint.members` lists them; a product of their distributions),
+        read on the same features and under this placer's guards, masks and gates. The members' head
         parts sit side by side under :func:`stacked_weights`, so the one-request steps (compiled
         or numpy) decode it as one wider model and the reasons' evidence is the members' mean;
         :meth:`place_many` decides its requests one by one. Returns ``self``."""
-        if len(models) != len(versions):
-            raise ValueError(f"with_members: {len(models)} models but {len(versions)} versions")
         self.members = [GNNPlacer(m, version=v, device=str(self.device), explain=False, step_kernel="numpy")
-                        for m, v in zip(models, versions, strict=True)]
-        self.version = "+".join([self.version, *versions])
-        self._weights = stacked_weights([self.model.numpy_weights()] + [m._weights for m in self.members])
+                        for v, m in members]
+        self.version = "+".join([self.version, *(v for v, _ in members)])
+        self._weights = self._head_weights()
         return self
 
     def clear_cache(self) -> None:
@@ -229,8 +228,12 @@ class GNNPlacer:
         self._pools.clear()
         for m in self.members:
             m.clear_cache()
+        self._weights = self._head_weights()
+
+    def _head_weights(self) -> dict[str, np.ndarray]:
+        """The numpy head and stop weights the steps read: the model's, or its ensemble's stacked."""
         weights = self.model.numpy_weights()
-        self._weights = stacked_weights([weights] + [m._weights for m in self.members]) if self.members else weights
+        return stacked_weights([weights] + [m._weights for m in self.members]) if self.members else weights
 
     def forget_run(self, key: tuple[str, str]) -> None:
         """Drop the cached embeddings of run ``(run_key, digest)`` (its graph left the server's cache)."""

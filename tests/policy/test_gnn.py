@@ -525,7 +525,7 @@ def test_an_ensemble_decides_on_its_members_mean_logits(reserve_busy: bool, kern
 
     def ens(x: GNNPlacer, y: GNNPlacer, **kw: object) -> GNNPlacer:
         return GNNPlacer(x.model, reserve_busy=reserve_busy, step_kernel=kernel,  # type: ignore[arg-type]
-                         **kw).with_members([y.model], ["y"])
+                         **kw).with_members([("y", y.model)])
 
     alone = _actions(a, items)
     assert _actions(ens(a, a), items) == alone
@@ -533,7 +533,7 @@ def test_an_ensemble_decides_on_its_members_mean_logits(reserve_busy: bool, kern
     assert both == _actions(ens(b, a), items)
     assert both != alone and both != _actions(b, items)
     assert ens(a, b).version == "gnn-untrained+y"
-    no_stop = GNNPlacer(a.model, allow_wait=False).with_members([b.model], ["y"])  # sends its first choice
+    no_stop = GNNPlacer(a.model, allow_wait=False).with_members([("y", b.model)])  # sends its first choice
     differs = 0
     for req, graphs in items:
         fb = featurize(req, graphs)  # nothing placed yet: the first step's features

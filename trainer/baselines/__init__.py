@@ -67,8 +67,9 @@ def make_placer(name: str, catalogue: Catalogue | None = None, seed: int = 0,
         if others:  # an ensemble: the first checkpoint's decoder settings, every model's scores
             from policy.checkpoint import load_checkpoint
 
-            loaded = [load_checkpoint(p) for p in others]
-            placer.with_members([c.model for c in loaded], [c.version for c in loaded])
+            loaded = [load_checkpoint(p) for p in others]  # (an ensemble among them: all its members)
+            kept = [(m.version, m.model) for m in placer.members]
+            placer.with_members(kept + [m for c in loaded for m in [(c.version, c.model), *c.members]])
         return placer
     if name == "random":
         return RandomPlacer(catalogue, seed)
