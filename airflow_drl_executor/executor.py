@@ -142,6 +142,19 @@ class DRLExecutor(CeleryExecutor):
         start = now if len(ahead) < pool.slots or pool.slots <= 0 else max(now, ahead[len(ahead) - pool.slots])
         return start + run_s
 
+    def _with_held(self, ready_tasks: Sequence[ReadyTask], ready: Sequence[ReadyInstance],
+                   tasks: Sequence[Any]) -> list[ReadyTask]:
+        """``ready_tasks`` with how long this executor has held each (``ReadyTask.held_s``, an
+        input of the policy: a task held long for its size should not wait longer)."""
+        now = time.monotonic()
+        held: dict[tuple[str, str], float] = {}
+        for inst, w in zip(ready, tasks, strict=True):
+            since = self._held_since.get(self._key(w))
+            if since is not None:  # mapped instances share one node: the longest held of them
+                key = (inst.run_key, inst.task_id)
+                held[key] = max(held.get(key, 0.0), now - since)
+        return [replace(t, held_s=held[t.key]) if t.key in held else t for t in ready_tasks]
+
     def _place(self, tasks: Sequence[Any]) -> tuple[list[tuple[Any, traces.PlacementRecord]], set[int]]:
         """Place ``tasks``: their trace records, and the ``id()`` of the workloads held back to wait."""
         from airflow.utils.session import create_session
@@ -161,6 +174,7 @@ class DRLExecutor(CeleryExecutor):
         try:
             with create_session() as session:
                 graphs, progress, ready_tasks = self.graph_builder.build(ready, session)
+            ready_tasks = self._with_held(ready_tasks, ready, tasks)
             request = PlacementRequest(request_id=request_id, ready=tuple(ready_tasks), pools=pools,
                                        progress=tuple(progress))
             decisions, policy, version = self._decide(request, graphs)

@@ -46,7 +46,7 @@ from policy.errors import SchemaError
 from policy.graph import GraphMemo, GraphView, view
 from policy.schema import PlacementRequest, PoolState, ReadyTask, RunGraph, RunProgress, TaskNode
 
-FEATURE_SCHEMA_VERSION = 5
+FEATURE_SCHEMA_VERSION = 6
 
 #: Task kinds are hashed into this many one-hot buckets (crc32, stable across processes).
 KIND_BUCKETS = 8
@@ -80,6 +80,8 @@ READY_FEATURES: tuple[str, ...] = (
     "retry",  # try_number > 1
     "run_work_left_ratio",  # log((work left + 1) / (least work left of the request's runs + 1)), <= 3
     "rank_over_remaining_cp",  # upward rank / the longest of the run's ready and running tasks: 1 on its critical path
+    "log_held_s",  # log1p(seconds the task has waited for a placement) / 8 (ReadyTask.held_s)
+    "held_over_duration",  # log1p(held_s / its expected duration), clipped at 3: held long for its size
 )
 
 POOL_FEATURES: tuple[str, ...] = (
@@ -120,7 +122,7 @@ F_READY = len(READY_FEATURES)
 #: reads. Versions since 3 only append ready columns, so a model of an older version reads the
 #: first columns of ``ready_x`` and is otherwise unchanged (:class:`policy.model.PlacementGNN`):
 #: a checkpoint keeps loading after the code gains a feature.
-READY_COLUMNS: dict[int, int] = {3: 9, 4: 10, FEATURE_SCHEMA_VERSION: F_READY}
+READY_COLUMNS: dict[int, int] = {3: 9, 4: 10, 5: 11, FEATURE_SCHEMA_VERSION: F_READY}
 F_POOL = len(POOL_FEATURES)
 F_PAIR = len(PAIR_FEATURES)
 
@@ -670,6 +672,12 @@ def featurize(
         np.maximum.at(remaining_cp, ready_run, up)
         rem = remaining_cp[ready_run]
         ready_x[:, 10] = np.where(rem > 0, up / np.where(rem > 0, rem, 1.0), 1.0)
+        # how long each task has been held for a better pool (the executor bounds it at max_wait_s)
+        held = np.array([r.held_s for r in request.ready], dtype=np.float64)
+        if held.any():
+            dur = np.array([max(t.duration_s, 1e-3) for t in tasks], dtype=np.float64)
+            ready_x[:, 11] = np.log1p(held) / _LOG
+            ready_x[:, 12] = np.minimum(np.log1p(held / dur), 3.0)
 
     pools = request.pools
     pair_x = np.zeros((len(request.ready), len(pools), F_PAIR), dtype=np.float32)

@@ -336,18 +336,25 @@ class RunProgress:
 
 @dataclass(frozen=True)
 class ReadyTask:
-    """A task instance ready to run now: which run, which task, which try."""
+    """A task instance ready to run now: which run, which task, which try, and how long it has
+    already waited for a placement (``held_s``: seconds since it was first offered and left
+    without a decision, 0 when it is offered for the first time)."""
 
     run_key: str
     task_id: str
     try_number: int = 1
+    #: not part of the task's identity (equality, hash): the same try held longer is the same task
+    held_s: float = field(default=0.0, compare=False)
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.run_key, self.task_id)
 
     def to_json(self) -> dict[str, Any]:
-        return {"run_key": self.run_key, "task_id": self.task_id, "try_number": self.try_number}
+        out: dict[str, Any] = {"run_key": self.run_key, "task_id": self.task_id, "try_number": self.try_number}
+        if self.held_s:
+            out["held_s"] = self.held_s
+        return out
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any], where: str = "ready") -> ReadyTask:
@@ -355,6 +362,7 @@ class ReadyTask:
             run_key=_str(obj, "run_key", where),
             task_id=_str(obj, "task_id", where),
             try_number=_int(obj, "try_number", where, default=1),
+            held_s=_num(obj, "held_s", where, default=0.0),
         )
 
 

@@ -385,8 +385,8 @@ class Simulator:
     def step(self, decisions: Iterable[Decision]) -> PlacementRequest | None:
         """Apply the decisions for the last request, then run to the next decision point."""
         self._apply(decisions)
-        if self.config.max_wait_s is not None and self._ready:
-            self._bound_holds(self.config.max_wait_s)
+        if self._ready:
+            self._note_holds(self.config.max_wait_s)
         self._dirty = False
         return self._advance()
 
@@ -688,16 +688,19 @@ class Simulator:
         return dataclasses.replace(st, max_slots=top if top > st.slots else None,
                                    boot_s=pool.spec.boot_delay_s, free_at=tuple(out[:MAX_FREE_AT]))
 
-    def _bound_holds(self, limit: float) -> None:
-        """The executor's bound on holding: place tasks held ``limit`` seconds by its fallback."""
+    def _note_holds(self, limit: float | None) -> None:
+        """Note when each task left without a decision was first held (requests report it as
+        ``ReadyTask.held_s``, as the executor does); with ``limit`` set, the executor's bound on
+        holding: tasks held ``limit`` seconds are placed by its fallback."""
         now = self._now
         overdue = []
         for key in self._ready:
             since = self._held_since.get(key)
             if since is None:
                 self._held_since[key] = since = now
-                self._push(now + limit, _WAKE)
-            if now - since >= limit - 1e-9:
+                if limit is not None:
+                    self._push(now + limit, _WAKE)
+            if limit is not None and now - since >= limit - 1e-9:
                 overdue.append(key)
         if overdue:
             decisions = _WAIT_FALLBACK.place(self._request(overdue), self._graphs)
@@ -712,12 +715,16 @@ class Simulator:
             if self._ready_t is None:
                 self._ready_t = tuple(self._ready.values())
             ready, keys = self._ready_t, list(self._ready)
+        now = self._now
+        if self._held_since:  # how long each held task has waited (ReadyTask.held_s)
+            since = self._held_since
+            ready = tuple(dataclasses.replace(t, held_s=now - since[k]) if k in since and now > since[k] else t
+                          for k, t in zip(keys, ready, strict=True))
         seen: dict[int, None] = {}
         for r, _ in keys:
             seen[r] = None
         runs = []
         progress = []
-        now = self._now
         for r in seen:
             run = self._runs[r]
             assert run is not None

@@ -73,6 +73,10 @@ def test_a_task_the_policy_leaves_out_waits_then_falls_back(executor: DRLExecuto
     records, held = executor._place([a, b])
     assert held == {id(b)} and [r.task_id for _, r in records] == ["a"]
     assert b.ti.queue == "default", "a waiting task is not dispatched"
+    assert [t.held_s for t in executor._client.requests[-1].ready] == [0.0, 0.0]
+    clock[0] += 5.0
+    records, held = executor._place([b])
+    assert held == {id(b)} and executor._client.requests[-1].ready[0].held_s == 5.0, "the policy is told"
     clock[0] += executor.drl_config.max_wait_s + 1
     records, held = executor._place([b])
     (rec,) = [r for _, r in records]

@@ -222,6 +222,24 @@ def test_rank_over_remaining_cp_marks_the_run_s_critical_path() -> None:
     assert behind.max() < 1.0
 
 
+def test_held_time_columns_say_how_long_each_task_has_waited() -> None:
+    """Schema 6: ``ReadyTask.held_s`` (the executor's and the simulator's hold time) as log
+    seconds and as a multiple of the task's expected duration (clipped), 0 when not held."""
+    g = random_dag(30, 3, run_key="dag/held")
+    held = {2: 0.0, 7: 5.0, 11: 600.0}
+    req = PlacementRequest("req-held", ready=tuple(ReadyTask(g.run_key, f"t{i}", held_s=h) for i, h in held.items()),
+                           pools=diamond_request()[0].pools, runs=(g,))
+    x = featurize(req, {g.run_key: g}, pairs=False).ready_x
+    log_held, over = (x[:, READY_FEATURES.index(c)] for c in ("log_held_s", "held_over_duration"))
+    assert log_held.tolist() == pytest.approx([np.log1p(h) / 8 for h in held.values()], rel=1e-6)
+    dur = [g.tasks[i].duration_s for i in held]
+    assert over.tolist() == pytest.approx([min(np.log1p(h / d), 3.0) for h, d in zip(held.values(), dur, strict=True)], rel=1e-6)
+    assert over[0] == 0.0 and 0.0 < over[1] <= over[2]
+    unheld = replace(req, ready=tuple(replace(r, held_s=0.0) for r in req.ready))
+    y = featurize(unheld, {g.run_key: g}, pairs=False).ready_x
+    assert not y[:, -2:].any() and np.array_equal(np.delete(x, [-2, -1], 1), np.delete(y, [-2, -1], 1))
+
+
 def test_cp_gate_masks_premium_pools_off_the_critical_path() -> None:
     """``cp_gate`` (``cost-cp``'s rule as a hard constraint): a ready task off its run's remaining
     critical path loses the feasible pools whose price per unit of its work is more than the gate

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -47,6 +48,15 @@ def test_request_round_trips_through_json() -> None:
     assert back.graphs()["dag/run1"].digest == req.runs[0].digest  # type: ignore[union-attr]
 
 
+def test_held_time_travels_and_is_not_part_of_the_task_s_identity() -> None:
+    req = replace(_request(), ready=(ReadyTask("dag/run1", "a", held_s=12.5),))
+    back = PlacementRequest.from_json(loads_json(dumps(req), max_bytes=1 << 20))
+    assert back.ready[0].held_s == 12.5
+    assert "held_s" not in ReadyTask("dag/run1", "a").to_json(), "an unheld task's JSON is as before"
+    assert ReadyTask("dag/run1", "a", held_s=3.0) == ReadyTask("dag/run1", "a")
+    assert hash(ReadyTask("dag/run1", "a", held_s=3.0)) == hash(ReadyTask("dag/run1", "a"))
+
+
 def test_reply_round_trips_and_reports_errors() -> None:
     reply = PlacementReply("r1", (Decision("dag/run1", "a", "small", "s", -3.0, "why"),), "eft", "1")
     assert PlacementReply.from_json(json.loads(dumps(reply))) == reply
@@ -68,6 +78,7 @@ def test_digest_depends_on_content_only() -> None:
         (lambda o: o.update(schema_version=99), "schema_version"),
         (lambda o: o.pop("request_id"), "request_id"),
         (lambda o: o["ready"][0].update(task_id=""), "ready[0].task_id"),
+        (lambda o: o["ready"][0].update(held_s=-1.0), "ready[0].held_s"),
         (lambda o: o["pools"][0].update(slots=-1), "slots"),
         (lambda o: o["pools"][0].update(cpus="many"), "cpus"),
         (lambda o: o["runs"][0]["tasks"][0].update(duration_s=float("nan")), "duration_s"),

@@ -121,6 +121,33 @@ def test_max_wait_leaves_a_placer_that_places_in_time_alone():
         Simulator(cat, jobs, _Lazy(), seed=0, max_wait_s=-1.0)
 
 
+class _Recorder(_Lazy):
+    """_Lazy, remembering what each request said of each task (``held_s``) and when."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, str, float]] = []
+
+    def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
+        self.seen += [(request.created_at, f"{r.run_key}/{r.task_id}", r.held_s) for r in request.ready]
+        return super().place(request, graphs)
+
+
+@pytest.mark.parametrize("max_wait_s", [None, 1e6])
+def test_requests_say_how_long_each_task_has_been_held(max_wait_s):
+    # 5 single-task runs ready at once, one placed per request: the others are offered again,
+    # each time with the seconds since they were first left without a decision
+    cat = load_catalogue(f"{CATALOGUES}/speeds-1-2-4.yaml")
+    jobs = [Job(_chain(f"r{i}", 1), 0.0) for i in range(5)]
+    rec = _Recorder()
+    Simulator(cat, jobs, rec, seed=0, max_wait_s=max_wait_s).run()
+    first: dict[str, float] = {}
+    for t, key, held in rec.seen:
+        first.setdefault(key, t)
+        assert held == pytest.approx(t - first[key])
+    assert max(h for _, _, h in rec.seen) > 0, "some task was held and said so"
+    assert all(h == 0.0 for t, _, h in rec.seen if t == 0.0), "offered for the first time: not held"
+
+
 def test_step_api_matches_run():
     cat = load_catalogue(f"{CATALOGUES}/speeds-1-2-4.yaml")
     jobs = [Job(_chain(f"r{i}", 4), 3.0 * i) for i in range(6)]
