@@ -716,9 +716,10 @@ class Simulator:
                 self._ready_t = tuple(self._ready.values())
             ready, keys = self._ready_t, list(self._ready)
         now = self._now
-        if self._held_since:  # how long each held task has waited (ReadyTask.held_s)
-            since = self._held_since
-            ready = tuple(dataclasses.replace(t, held_s=now - since[k]) if k in since and now > since[k] else t
+        since = self._held_since
+        if since:  # how long each held task has waited (ReadyTask.held_s)
+            get = since.get
+            ready = tuple(t if (s := get(k, now)) >= now else ReadyTask(t.run_key, t.task_id, t.try_number, now - s)
                           for k, t in zip(keys, ready, strict=True))
         seen: dict[int, None] = {}
         for r, _ in keys:
