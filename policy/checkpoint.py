@@ -125,7 +125,8 @@ def save_checkpoint(
     return _write(path, name, tensors, model, training, evaluation, {})
 
 
-def save_ensemble(members: Sequence[Checkpoint], path: str | Path, *, name: str = "ensemble") -> Path:
+def save_ensemble(members: Sequence[Checkpoint], path: str | Path, *, name: str = "ensemble",
+                  evaluation: Mapping[str, Any] | None = None) -> Path:
     """Write the ensemble of ``members`` (two or more loaded checkpoints) to the directory
     ``path`` (see the module docstring); return the manifest path."""
     if len(members) < 2:
@@ -138,8 +139,8 @@ def save_ensemble(members: Sequence[Checkpoint], path: str | Path, *, name: str 
     listed = [{"version": c.version, "feature_schema": c.model.schema_version, "model": c.config.to_json(),
                "path": str(c.path), "training": c.manifest.get("training") or {}} for c in members]
     # the first member's training record: the decoder's settings (busy pools, premium guards)
-    return _write(path, name, tensors, newest.model, members[0].manifest.get("training"), {}, {"members": listed},
-                  config=members[0].config)
+    return _write(path, name, tensors, newest.model, members[0].manifest.get("training"), evaluation,
+                  {"members": listed}, config=members[0].config)
 
 
 def _write(path: str | Path, name: str, tensors: dict[str, torch.Tensor], model: PlacementGNN,

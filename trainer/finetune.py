@@ -10,7 +10,9 @@ with the durations observed in production). Steps:
    names) and is trained by the same DAgger imitation as ``drl-trainer train``
    (:func:`trainer.train.imitate`) on simulated streams of the training runs (their shapes and
    observed durations; Poisson arrivals at ``--load``), the teacher being the best baseline on
-   them, for at most ``--minutes``.
+   them, for at most ``--minutes``. An ensemble incumbent (``drl-trainer ensemble``) is fine-tuned
+   member by member, each for its share of ``--minutes``, and the candidate is the ensemble of the
+   fine-tuned members (saved under ``members/`` in the candidate's folder).
 3. Candidate and incumbent are simulated on the same held-out streams, and on the seed families
    as a guard against forgetting. The candidate is **promoted** (saved under
    ``<registry>/candidates/`` and activated, so the policy servers hot-reload it) only if its
@@ -36,7 +38,7 @@ import numpy as np
 import torch
 
 from policy.catalogue import load_catalogue
-from policy.checkpoint import load_checkpoint, save_checkpoint
+from policy.checkpoint import load_checkpoint, save_checkpoint, save_ensemble
 from policy.errors import CheckpointError
 from policy.gnn import cp_gate_of, cp_gate_scope_of, premium_ratio_of, reserve_busy_of
 from policy.registry import MANIFEST, activate, checkpoint_sha256
@@ -127,10 +129,6 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
     report: dict[str, Any] = {"incumbent": {"path": str(incumbent_path), "version": incumbent.version},
                               "replay": a.replay, "config": dataclasses.asdict(a), "promoted": False}
 
-    if incumbent.members:
-        report["decision"] = (f"kept the incumbent: {incumbent.version} is an ensemble of "
-                              f"{len(incumbent.members) + 1} models; fine-tuning trains one model")
-        return _finish(report, out, t0)
     runs = read_replay(a.replay)
     report["recorded_runs"] = len(runs)
     if len(runs) < a.min_runs:
@@ -151,35 +149,46 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
     catalogue = load_catalogue(a.pools)
     choose_teachers([training], catalogue, args)
 
-    candidate = copy.deepcopy(incumbent.model)  # trained in place; the incumbent stays as loaded
+    # trained in place, member by member for its share of the budget; the incumbent stays as loaded
+    incumbent_models = [incumbent.model, *(m for _, m in incumbent.members)]
+    candidates = [copy.deepcopy(m) for m in incumbent_models]
+    args.time_limit_s = a.minutes * 60.0 / len(candidates)
     logs: list[dict[str, Any]] = []
-    steps, train_s = imitate(candidate, [training], catalogue, args, rng,
-                             lambda step, **kv: logs.append({"global_step": step, **kv}), time.perf_counter())
-    candidate.eval()
+    steps, train_s = 0, 0.0
+    for i, model in enumerate(candidates):
+        n, s = imitate(model, [training], catalogue, args, rng,
+                       lambda step, i=i, **kv: logs.append({"member": i, "global_step": step, **kv}),
+                       time.perf_counter())
+        steps, train_s = steps + n, train_s + s
+        model.eval()
 
     guards = settings_from(a.guard, a.seed + 1) if a.guard else []
     metric = METRIC[a.objective]
     scores: dict[str, dict[str, float]] = {}
-    for name, model in (("incumbent", incumbent.model), ("candidate", candidate)):
-        res = evaluate(model, [heldout, *guards], catalogue, args)
+    for name, models in (("incumbent", incumbent_models), ("candidate", candidates)):
+        res = evaluate(models[0], [heldout, *guards], catalogue, args, members=models[1:])
         scores[name] = {setting: vals["drl"][metric] for setting, vals in res.items()}
     inc, cand = scores["incumbent"], scores["candidate"]
     gain = 1.0 - cand[heldout.name] / max(inc[heldout.name], 1e-9)
     regressions = {g.name: cand[g.name] / max(inc[g.name], 1e-9) - 1.0 for g in guards}
     report.update({
         "teacher": training.teacher, "training_runs": len(training.templates), "heldout_runs": len(heldout.templates),
-        "imitation_steps": steps, "train_s": round(train_s, 1), "objective": metric, "scores": scores,
-        "heldout_gain": gain, "guard_regressions": regressions,
+        "members": len(candidates), "imitation_steps": steps, "train_s": round(train_s, 1), "objective": metric,
+        "scores": scores, "heldout_gain": gain, "guard_regressions": regressions,
     })
     worst = max(regressions.values(), default=0.0)
     if gain >= a.min_improvement and worst <= a.max_regression:
-        save_checkpoint(candidate, out, training={"finetune": dataclasses.asdict(a), "from": incumbent.version,
-                                                  "teacher": training.teacher, "log": logs[-1:] or [],
-                                                  "reserve_busy": args.reserve_busy,
-                                                  "premium_ratio": args.premium_ratio,
-                                                  "cp_gate": args.cp_gate,
-                                                  "cp_gate_scope": args.cp_gate_scope},
-                        evaluation={"finetune": scores})
+        training_manifest = {"finetune": dataclasses.asdict(a), "from": incumbent.version,
+                             "teacher": training.teacher, "log": logs[-1:] or [],
+                             "reserve_busy": args.reserve_busy, "premium_ratio": args.premium_ratio,
+                             "cp_gate": args.cp_gate, "cp_gate_scope": args.cp_gate_scope}
+        if len(candidates) == 1:
+            save_checkpoint(candidates[0], out, training=training_manifest, evaluation={"finetune": scores})
+        else:  # each member is saved as one model, then the ensemble of them
+            members = [load_checkpoint(save_checkpoint(m, out / "members" / f"m{i}", training=training_manifest).parent)
+                       for i, m in enumerate(candidates)]
+            save_ensemble(members, out, name=str(incumbent.manifest.get("name") or "ensemble"),
+                          evaluation={"finetune": scores})
         activate(registry, out, sha256=checkpoint_sha256(out),
                  note=f"nightly fine-tune: {metric} {gain:+.1%} on held-out traces vs {incumbent.version}")
         report["promoted"] = True

@@ -453,8 +453,9 @@ def bc_update(model: PlacementGNN, opt: torch.optim.Optimizer, buffer: list[tupl
 
 
 def evaluate(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catalogue, args: Args,
-             baselines: Sequence[str] = ()) -> dict[str, Any]:
-    """Objective of the greedy policy (and of ``baselines``) per setting, on fixed eval streams."""
+             baselines: Sequence[str] = (), members: Sequence[PlacementGNN] = ()) -> dict[str, Any]:
+    """Objective of the greedy policy (and of ``baselines``) per setting, on fixed eval streams;
+    with ``members``, of the ensemble of ``model`` and them (their mean logits)."""
     out: dict[str, Any] = {}
     for s in settings:
         rows: dict[str, list[dict[str, Any]]] = {}
@@ -462,6 +463,8 @@ def evaluate(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catalo
             seed = args.eval_seed + k
             jobs = make_stream(s, catalogue, args.eval_runs, seed, args)
             placer = policy_placer(model, args, version="eval")
+            if members:
+                placer.with_members([(f"eval-m{i + 1}", m) for i, m in enumerate(members)])
             rows.setdefault("drl", []).append(simulate(catalogue, jobs, placer, seed, args))
             for name in baselines:
                 rows.setdefault(name, []).append(simulate(catalogue, jobs, make_placer(name, catalogue, seed),

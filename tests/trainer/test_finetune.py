@@ -82,9 +82,12 @@ def test_too_few_traces_train_nothing(tmp_path: Path, registry: Path) -> None:
     assert "scores" not in report
 
 
-def test_an_ensemble_incumbent_is_kept_and_not_trained_from(tmp_path: Path) -> None:
-    """An active ensemble (``drl-trainer ensemble``) is kept, saying why (fine-tuning trains one
-    model), and ``drl-trainer train --init`` of one is refused with the same reason."""
+def test_an_ensemble_incumbent_is_fine_tuned_member_by_member(tmp_path: Path) -> None:
+    """An active ensemble (``drl-trainer ensemble``) is fine-tuned member by member; the candidate is
+    the ensemble of the fine-tuned members, scored and promoted as one policy. ``drl-trainer train
+    --init`` of an ensemble is refused (it trains one model)."""
+    import torch
+
     from policy.checkpoint import save_ensemble
     from policy.errors import CheckpointError
     from trainer.train import Args, train
@@ -93,10 +96,16 @@ def test_an_ensemble_incumbent_is_kept_and_not_trained_from(tmp_path: Path) -> N
     save_ensemble([default, default], tmp_path / "models" / "ens")
     reg = tmp_path / "registry"
     activate(reg, tmp_path / "models" / "ens")
-    before = (reg / MANIFEST).read_text()
     report = finetune(_args(tmp_path, reg, min_improvement=-10.0))
-    assert not report["promoted"] and "is an ensemble of 2 models" in report["decision"]
-    assert (reg / MANIFEST).read_text() == before
+    assert report["promoted"] and report["members"] == 2
+    promoted = load_checkpoint(json.loads((reg / MANIFEST).read_text())["checkpoint"])
+    assert len(promoted.members) == 1 and promoted.manifest["evaluation"]["finetune"] == report["scores"]
+    assert promoted.manifest["training"]["from"] == report["incumbent"]["version"]
+    assert [Path(m["path"]).name for m in promoted.manifest["members"]] == ["m0", "m1"]
+    before = default.model.state_dict()
+    for model in (promoted.model, promoted.members[0][1]):  # both members were trained
+        assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert GNNPlacer.from_checkpoint(promoted.path).version == promoted.version
     with pytest.raises(CheckpointError, match="ensemble .* start from one of its members"):
         train(Args(workflows="mlpipeline", init=str(tmp_path / "models" / "ens"), out=str(tmp_path / "out")))
 
