@@ -126,9 +126,10 @@ def save_checkpoint(
 
 
 def save_ensemble(members: Sequence[Checkpoint], path: str | Path, *, name: str = "ensemble",
-                  evaluation: Mapping[str, Any] | None = None) -> Path:
+                  evaluation: Mapping[str, Any] | None = None, command: str = "") -> Path:
     """Write the ensemble of ``members`` (two or more loaded checkpoints) to the directory
-    ``path`` (see the module docstring); return the manifest path."""
+    ``path`` (see the module docstring), with its ``evaluation`` and the ``command`` that wrote
+    it (manifest key ``ensemble_command``); return the manifest path."""
     if len(members) < 2:
         raise CheckpointError(f"an ensemble needs two or more checkpoints, got {len(members)}")
     if any(c.members for c in members):
@@ -140,7 +141,8 @@ def save_ensemble(members: Sequence[Checkpoint], path: str | Path, *, name: str 
                "path": str(c.path), "training": c.manifest.get("training") or {}} for c in members]
     # the first member's training record: the decoder's settings (busy pools, premium guards)
     return _write(path, name, tensors, newest.model, members[0].manifest.get("training"), evaluation,
-                  {"members": listed}, config=members[0].config)
+                  {"members": listed, **({"ensemble_command": command} if command else {})},
+                  config=members[0].config)
 
 
 def _write(path: str | Path, name: str, tensors: dict[str, torch.Tensor], model: PlacementGNN,

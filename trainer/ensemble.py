@@ -10,23 +10,59 @@ decodes with the first checkpoint's settings (busy pools, premium guards). Seeds
 command disagree most on families none of them trained on (docs/policy.md, "An ensemble of
 training seeds"); the mean of their logits is a vote that no single seed's mistakes decide.
 ``drl-trainer bench --checkpoint A,B,C`` measures the same ensemble without writing it.
+``--evaluate`` scores the ensemble as ``drl-trainer train`` scores a checkpoint at its end (the
+first member's training and held-out settings, evaluation streams, teachers and baselines, read
+from its manifest) and records it as the ensemble's ``evaluation``, so the figures of the
+ensemble and of its first member are on the same streams.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import shlex
+from collections.abc import Sequence
+from typing import Any
 
-from policy.checkpoint import load_checkpoint, save_ensemble
+from policy.checkpoint import Checkpoint, load_checkpoint, save_ensemble
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoints", nargs="+", help="two or more checkpoint folders (the first decides settings)")
     parser.add_argument("--out", required=True, help="folder to write the ensemble checkpoint to")
     parser.add_argument("--name", default="ensemble", help="name prefix of the ensemble's version")
+    parser.add_argument("--evaluate", action="store_true",
+                        help="score the ensemble on its first member's training and held-out settings, as "
+                             "drl-trainer train does at its end, and record it in the manifest")
+
+
+def evaluation_of(members: Sequence[Checkpoint]) -> dict[str, Any]:
+    """The ensemble of ``members`` scored as ``drl-trainer train`` scored its first member."""
+    import torch
+
+    from policy.catalogue import load_catalogue
+    from trainer.train import Args, final_evaluation, settings_from
+
+    training = members[0].manifest.get("training") or {}
+    if not training.get("workflows"):
+        raise SystemExit(f"{members[0].path}: its manifest names no training settings to evaluate on")
+    fields = {f.name for f in dataclasses.fields(Args)}
+    args = Args(**{k: v for k, v in training.items() if k in fields})
+    settings = settings_from(args.workflows, args.seed)
+    heldout = settings_from(args.heldout, args.seed + 1) if args.heldout else []
+    teachers = training.get("teachers") or {}
+    for s in settings:
+        s.teacher = teachers.get(s.name) or "srpt+eft"
+    torch.set_num_threads(max(1, args.threads))
+    return final_evaluation(members[0].model, settings, heldout, load_catalogue(args.pools), args,
+                            members=[c.model for c in members[1:]])
 
 
 def run(args: argparse.Namespace) -> int:
     members = [load_checkpoint(p) for p in args.checkpoints]
-    path = save_ensemble(members, args.out, name=args.name)
+    evaluation = evaluation_of(members) if args.evaluate else None
+    path = save_ensemble(members, args.out, name=args.name, evaluation=evaluation,
+                         command=shlex.join(["drl-trainer", "ensemble", *args.checkpoints, "--out", args.out,
+                                             "--name", args.name, *(["--evaluate"] if args.evaluate else [])]))
     print(f"wrote {path.parent} ({len(members)} members: {', '.join(c.version for c in members)})")
     return 0

@@ -477,6 +477,17 @@ def evaluate(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catalo
     return out
 
 
+def final_evaluation(model: PlacementGNN, settings: Sequence[Setting], heldout: Sequence[Setting],
+                     catalogue: Catalogue, args: Args, members: Sequence[PlacementGNN] = ()) -> dict[str, Any]:
+    """The evaluation a checkpoint's manifest records: the training settings against their
+    teachers and random placement, the held-out ones against ``srpt+eft`` and random."""
+    return {
+        "train": evaluate(model, settings, catalogue, args, members=members,
+                          baselines=[*sorted({s.teacher for s in settings}), "random"]),
+        "heldout": evaluate(model, heldout, catalogue, args, members=members, baselines=["srpt+eft", "random"]),
+    }
+
+
 def choose_teachers(settings: Sequence[Setting], catalogue: Catalogue, args: Args) -> None:
     names = [c.strip() for c in args.candidates.split(",") if c.strip()]
     for s in settings:
@@ -596,11 +607,7 @@ def train(args: Args) -> dict[str, Any]:
         select = settings_from(args.rl_select, args.seed + 2) if args.rl_select else []
         choose_teachers(select, catalogue, args)
         rl = reinforce(model, settings, catalogue, args, record, global_step, select=select)
-    evaluation = {
-        "train": evaluate(model, settings, catalogue, args,
-                          baselines=[*sorted({s.teacher for s in settings}), "random"]),
-        "heldout": evaluate(model, heldout, catalogue, args, baselines=["srpt+eft", "random"]),
-    }
+    evaluation = final_evaluation(model, settings, heldout, catalogue, args)
     for part in evaluation.values():
         for name, res in part.items():
             for pol, m in res.items():
