@@ -1,14 +1,19 @@
 #!/bin/bash
-# p99 round trip of the server (200 tasks, 16 ready, 1 client), the packaged default s41 vs the
-# e3 ensemble (docs/exp-ledger/checkpoints/e3), alternated 3 times; JSON to OUT (default runs/srv)
+# p99 round trip of the server (200 tasks, 16 ready, 1 client): a reference checkpoint against a
+# candidate, alternated 3 times; JSON to OUT (default runs/srv) as NAME-i.json.
+#   scripts/ensemble_server_bench.sh [OUT] [REF_NAME=REF_DIR] [NAME=DIR]
+# defaults: s41=docs/exp-ledger/checkpoints/s41 against e3=docs/exp-ledger/checkpoints/e3
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/srv}
+REF=${2:-s41=docs/exp-ledger/checkpoints/s41}
+CAND=${3:-e3=docs/exp-ledger/checkpoints/e3}
 set -eo pipefail
 REG=$(mktemp -d)
 trap 'rm -rf "$REG"' EXIT
-mkdir -p "$REG/s41"   # an empty registry serves the packaged default (s41)
-.venv/bin/python -c "from policy.registry import activate; activate('$REG/e3', '$PWD/docs/exp-ledger/checkpoints/e3')"
+for spec in "$REF" "$CAND"; do
+  .venv/bin/python -c "from policy.registry import activate; activate('$REG/${spec%%=*}', '$PWD/${spec#*=}')"
+done
 mkdir -p "$OUT"
-for i in 1 2 3; do for m in s41 e3; do
+for i in 1 2 3; do for m in "${REF%%=*}" "${CAND%%=*}"; do
   .venv/bin/drl-policy --log-level WARNING bench --placer gnn --registry "$REG/$m" --device cpu --dag-sizes 200 --ready 16 --clients 1 --duration 5 --out "$OUT/$m-$i.json" 2>&1 | sed "s/^/$m $i /"
 done; done

@@ -22,9 +22,13 @@ import argparse
 import dataclasses
 import shlex
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from policy.checkpoint import Checkpoint, load_checkpoint, save_ensemble
+
+#: the pool catalogues this package ships (a member's recorded catalogue path may be another checkout's)
+PACKAGED_CATALOGUES = Path(__file__).resolve().parents[1] / "policy" / "catalogues"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,7 +58,10 @@ def evaluation_of(members: Sequence[Checkpoint]) -> dict[str, Any]:
     for s in settings:
         s.teacher = teachers.get(s.name) or "srpt+eft"
     torch.set_num_threads(max(1, args.threads))
-    return final_evaluation(members[0].model, settings, heldout, load_catalogue(args.pools), args,
+    pools = Path(args.pools)
+    if not pools.exists() and (PACKAGED_CATALOGUES / pools.name).exists():  # recorded on another checkout
+        pools = PACKAGED_CATALOGUES / pools.name
+    return final_evaluation(members[0].model, settings, heldout, load_catalogue(pools), args,
                             members=[c.model for c in members[1:]])
 
 

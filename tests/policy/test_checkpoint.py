@@ -153,10 +153,15 @@ def test_default_checkpoint_loads_and_matches_its_manifest() -> None:
     assert manifest["feature_schema"] == feature_schema(manifest["feature_schema"]["version"])
     assert (DEFAULT / WEIGHTS_FILE).stat().st_size < 5 * 1024 * 1024
     loaded = load_checkpoint(DEFAULT)
-    assert {k: list(v.shape) for k, v in loaded.model.state_dict().items()} == manifest["parameters"]
+    models = [loaded.model] + [m for _, m in loaded.members]
+    prefixes = [f"m{i}." for i in range(len(models))] if loaded.members else [""]  # an ensemble's members
+    assert {p + k: list(v.shape) for p, m in zip(prefixes, models, strict=True)
+            for k, v in m.state_dict().items()} == manifest["parameters"]
     assert loaded.version == manifest["version"]
-    assert manifest["training"]["command"].startswith("drl-trainer train")
-    assert "heldout" in manifest["evaluation"]
+    # every model in it was trained by a recorded command, and it was scored where it was trained
+    for member in manifest.get("members") or [manifest]:
+        assert member["training"]["command"].startswith("drl-trainer train")
+    assert "heldout" in manifest["evaluation"] and "train" in manifest["evaluation"]
 
 
 def test_default_checkpoint_refuses_tampering(tmp_path: Path) -> None:

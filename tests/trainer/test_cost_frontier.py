@@ -40,8 +40,8 @@ def test_a_large_weight_buys_cost_with_time() -> None:
 def test_the_cp_gate_makes_the_learned_policy_spend_less_on_premium_pools() -> None:
     """``cp_gate`` 3 (``scripts/cost_frontier.py --checkpoints DIR@3``): the default checkpoint
     sends CPU work to the premium GPU pool only for critical-path tasks, so an ETL stream (CPU
-    work only) runs fewer tasks there and costs less than without the gate (6.29 vs 5.45 dollars
-    when written)."""
+    work only) runs fewer tasks there and costs less than without the gate (s41: 6.29 vs 5.45
+    dollars; e2: 6.31 vs 5.41)."""
     def run(gate: float, scope: str = "off-cp"):  # type: ignore[no-untyped-def]
         jobs = setting_jobs("etl", 0, 3, CATALOGUE, 10, 0.85)
         placer = make_placer("drl", CATALOGUE, 3, cp_gate=gate, cp_gate_scope=scope)
@@ -50,8 +50,11 @@ def test_the_cp_gate_makes_the_learned_policy_spend_less_on_premium_pools() -> N
     plain, gated, every = run(0.0), run(3.0), run(3.0, "all")
     assert sum(t.pool == "gpu" for t in gated.tasks) < 0.5 * sum(t.pool == "gpu" for t in plain.tasks)
     assert gated.cost < 0.95 * plain.cost
-    # the gate for every task (``DIR@3/all``): no CPU work on the GPU, and less spent still
-    assert sum(t.pool == "gpu" for t in every.tasks) == 0
+    # the gate for every task (``DIR@3/all``): CPU work on the GPU only where the GPU is not
+    # premium for it (the 32 GB merges do not fit cpu-small, and per unit of work the GPU costs
+    # 1.8 x cpu-large, under the gate's 3), and less spent still
+    assert all("merge" in t.task_id for t in every.tasks if t.pool == "gpu")
+    assert sum(t.pool == "gpu" for t in every.tasks) < sum(t.pool == "gpu" for t in gated.tasks)
     assert every.cost < gated.cost
 
 

@@ -14,7 +14,9 @@ from trainer.cli import main
 from trainer.train import Args, evaluate, settings_from
 
 TRAINING = {"workflows": "etl", "heldout": "mlpipeline", "eval_runs": 3, "eval_streams": 1,
-            "teachers": {"etl": "fifo+eft"}, "reserve_busy": 1, "threads": 1}
+            "teachers": {"etl": "fifo+eft"}, "reserve_busy": 1, "threads": 1,
+            # recorded on another checkout: the packaged catalogue of that name is read
+            "pools": "/elsewhere/policy/catalogues/gpu-affinity.yaml"}
 
 
 def _members(tmp_path: Path, training: dict[str, object]) -> list[str]:

@@ -42,11 +42,13 @@ def test_the_margin_is_over_a_pool_the_step_offered(tmp_path: Path, ensemble: bo
     from policy.registry import DEFAULT_CHECKPOINT
     from trainer.explain import find_decision
 
-    ckpt = DEFAULT_CHECKPOINT
+    default = load_checkpoint(DEFAULT_CHECKPOINT)  # its first model, trained with reserve_busy, alone
+    ckpt = tmp_path / "single"
+    save_checkpoint(default.model, ckpt, training=default.manifest["training"])
     if ensemble:
         torch.manual_seed(1)
         save_checkpoint(PlacementGNN(ModelConfig()), tmp_path / "other", training={"reserve_busy": True})
-        save_ensemble([load_checkpoint(DEFAULT_CHECKPOINT), load_checkpoint(tmp_path / "other")], tmp_path / "ens")
+        save_ensemble([load_checkpoint(ckpt), load_checkpoint(tmp_path / "other")], tmp_path / "ens")
         ckpt = tmp_path / "ens"
     placer = GNNPlacer.from_checkpoint(ckpt)
     assert placer.reserve_busy and len(placer.models) == 1 + ensemble

@@ -93,7 +93,9 @@ def test_an_ensemble_incumbent_is_fine_tuned_member_by_member(tmp_path: Path) ->
     from trainer.train import Args, train
 
     default = load_checkpoint(ROOT / "policy" / "checkpoints" / "default")
-    save_ensemble([default, default], tmp_path / "models" / "ens")
+    for i in (0, 1):  # the default's first model twice, as single checkpoints
+        save_checkpoint(default.model, tmp_path / "models" / f"m{i}", training=default.manifest["training"])
+    save_ensemble([load_checkpoint(tmp_path / "models" / f"m{i}") for i in (0, 1)], tmp_path / "models" / "ens")
     reg = tmp_path / "registry"
     activate(reg, tmp_path / "models" / "ens")
     report = finetune(_args(tmp_path, reg, min_improvement=-10.0))
