@@ -769,8 +769,8 @@ def _describe(fb: FeatureBatch, chosen: int, runner: int | None, p_chosen: float
     :func:`_evidence`) read off the two pools' pair features (as lists)."""
     pool = fb.pools[chosen]
     text = f"{pool.name} ({pool.vm_class}) p={p_chosen:.2f}"
-    if runner is None or runner >= fb.num_pools:
-        return text + ": only candidate"
+    if runner is None or runner >= fb.num_pools:  # one pool, or no other the task fits or may use
+        return text + (": only candidate" if fb.num_pools == 1 else ": only usable pool")
     other = fb.pools[runner]
     text += f" over {other.name} p={p_runner:.2f}"
     c, r = _Raw(x_chosen), _Raw(x_runner)
@@ -788,7 +788,9 @@ def explain_row(dec: Decoded, i: int) -> str:
 
 def explain_rows(dec: Decoded, rows: np.ndarray) -> list[str]:
     """:func:`explain_row` of each of ``rows``, with the array work done once for all of them
-    (the runner-up of a row is the most probable other pool, first in pool order on a tie)."""
+    (the runner-up of a row is the most probable other pool; on a tie, one the task may use
+    (fits, not gated) before one it may not, then pool order; a row with no other pool it may
+    use says so)."""
     fb = dec.batch
     if not len(rows):
         return []
@@ -799,14 +801,18 @@ def explain_rows(dec: Decoded, rows: np.ndarray) -> list[str]:
     k = np.arange(len(rows))
     x_chosen = fb.pair_x[rows, chosen]  # [k, F]
     if probs.shape[1] > 1:
-        ranked = np.argsort(-probs, axis=1, kind="stable")
+        usable = fb.pairs.mask[rows] if fb.pairs.mask.shape == fb.pair_x.shape[:2] else np.ones_like(probs, bool)
+        ranked = np.lexsort((~usable, -probs), axis=1)  # by probability, then usable first, then pool order
         runner = np.where(ranked[:, 0] == chosen, ranked[:, 1], ranked[:, 0])
         x_runner = fb.pair_x[rows, runner]
         diff = dec.pair_contrib[rows, chosen] - dec.pair_contrib[rows, runner]  # [k, F]
         evidence = _evidence(diff, x_chosen, x_runner)
         p_runner = probs[k, runner].tolist()
         xr: list[list[float]] = x_runner.tolist()
-        runners: list[int | None] = runner.tolist()
+        # no other pool the task may use and none offered: the chosen one was the only candidate
+        alone = ~usable[k, runner] & (probs[k, runner] <= 0)
+        runners: list[int | None] = [None if a else int(r)
+                                     for a, r in zip(alone.tolist(), runner.tolist(), strict=True)]
     else:
         evidence = [[] for _ in rows]
         p_runner = [0.0] * len(rows)

@@ -501,6 +501,28 @@ def test_reasons_name_only_features_that_differ_between_the_pools() -> None:
     assert seen > 40
 
 
+def test_a_reason_compares_with_a_pool_the_task_may_use() -> None:
+    """The runner-up a reason names is a pool the task fits (and is not gated from) whenever
+    there is one, even at probability 0 (a pool the step did not offer, busy under late
+    binding); a task that fits one pool only says so instead of naming a pool it cannot use."""
+    seen = {"alone": 0, "runner": 0}  # (the rows no pool fits are offered every pool, and say so)
+    for gate in (0.0, 3.0):
+        placer = GNNPlacer.from_checkpoint(ROOT / "policy" / "checkpoints" / "default", cp_gate=gate,
+                                           cp_gate_scope="all")
+        for req, graphs in mixed_requests():
+            usable = placer.features(req, graphs).pairs.mask
+            names = [p.name for p in req.pools]
+            rows = [(r.run_key, r.task_id) for r in req.ready]
+            for d in placer.place(req, graphs):
+                row = usable[rows.index((d.run_key, d.task_id))]
+                if row.sum() == 1:
+                    assert d.reason.endswith(": only usable pool") and " over " not in d.reason
+                    seen["alone"] += 1
+                elif row.any():
+                    assert row[names.index(d.reason.split(" over ")[1].split(" ")[0])]
+                    seen["runner"] += 1
+    assert seen["alone"] > 0 and seen["runner"] > 20, seen
+
 
 def _actions(placer: GNNPlacer, items: list) -> list[tuple[list[int], list[int]]]:
     out = []
