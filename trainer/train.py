@@ -60,7 +60,9 @@ from policy.config import field_docs
 from policy.errors import CheckpointError
 from policy.features import (
     CP_GATE_SCOPE,
+    FEATURE_SCHEMA_VERSION,
     HOLD_RATIO,
+    READY_COLUMNS,
     FeatureBatch,
     check_gate_scope,
     check_premium_ratio,
@@ -138,6 +140,9 @@ class Args:
     #: model size
     hidden: int = 32
     layers: int = 3
+    #: feature schema the new model reads (an older one reads its leading ready columns; the
+    #: default is this code's newest)
+    feature_schema: int = FEATURE_SCHEMA_VERSION
     #: imitation iterations (one simulated stream per setting each) and curriculum of DAG runs
     iters: int = 24
     runs_start: int = 10
@@ -209,6 +214,8 @@ class Args:
                      "rl_batch_requests", "rl_eval_every"):
             if getattr(self, name) < (0 if name in ("iters", "rl_iters", "rl_eval_every") else 1):
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if self.feature_schema not in READY_COLUMNS:
+            raise ValueError(f"feature_schema must be one of {sorted(READY_COLUMNS)}, got {self.feature_schema!r}")
         if self.reserve_busy not in (0, 1):
             raise ValueError(f"reserve_busy must be 0 or 1, got {self.reserve_busy!r}")
         check_premium_ratio(self.premium_ratio)
@@ -598,7 +605,7 @@ def train(args: Args) -> dict[str, Any]:
     if ckpt is not None:
         model, init_version = upgraded(ckpt.model), ckpt.version  # an older schema gains the new columns
     else:
-        model = PlacementGNN(ModelConfig(hidden=args.hidden, layers=args.layers))
+        model = PlacementGNN(ModelConfig(hidden=args.hidden, layers=args.layers), args.feature_schema)
     global_step, train_s = imitate(model, settings, catalogue, args, rng, record, t_start)
     rl: dict[str, Any] = {}
     if args.rl_iters:

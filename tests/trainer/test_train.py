@@ -80,10 +80,13 @@ def test_cli_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
         "--workflows", "mlpipeline", "--heldout", "etl", "--teacher", "srpt+eft", "--iters", "2",
         "--runs-start", "3", "--runs-end", "4", "--eval-runs", "4", "--eval-streams", "1",
         "--hidden", "8", "--layers", "1", "--threads", "1", "--out", str(tmp_path / "ckpt"),
+        "--feature-schema", "4",  # an older schema: the model reads its leading ready columns
     ])
     assert run(args) == 0
     placer = GNNPlacer.from_checkpoint(tmp_path / "ckpt")
     training = placer.manifest["training"]
+    assert placer.model.schema_version == placer.manifest["feature_schema"]["version"] == 4
+    assert "--feature-schema 4" in training["command"]
     assert training["teachers"] == {"mlpipeline": "srpt+eft"}
     assert "drl" in placer.manifest["evaluation"]["heldout"]["etl"]
     assert (tmp_path / "ckpt" / "log.jsonl").read_text().count("losses/loss") == 2
@@ -152,6 +155,8 @@ def test_reservations_are_learned_from_the_rule_s_trace() -> None:
         0, st.action[1], 3] < 0.5 for fb, steps in samples for st in steps)
     with pytest.raises(ValueError, match="reserve_busy must be 0 or 1"):
         Args(reserve_busy=2)
+    with pytest.raises(ValueError, match="feature_schema must be one of"):
+        Args(feature_schema=2)
 
 
 @pytest.mark.parametrize("premium", [0.0, 3.0])
