@@ -53,7 +53,10 @@ def test_placements_page_shows_each_placement_and_why(stack: Stack, api: Api, br
     ours = [r for r in rows if run_id in r]
     assert len(ours) == 7, rows[:3]
     train = next(r for r in ours if " train " in f" {r} ")
-    assert " gpu " in f" {train} " and "est. finish" in train, train
+    # train asks for a GPU: the GPU pool is the only one it may use, and its reason says so
+    assert " gpu " in f" {train} " and train.endswith(": only usable pool"), train
+    # the others name the runner-up pool and what set them apart
+    assert any(" over " in r and "p=" in r.split(" over ")[1] and ": " in r.split(" over ")[1] for r in ours), ours
     browser.save_screenshot(str(stack.state / "ui-placements.png"))
 
     views = api.call("GET", "/api/v2/plugins")["plugins"]
