@@ -822,5 +822,8 @@ def explain_rows(dec: Decoded, rows: np.ndarray) -> list[str]:
     out = []
     for j, (c, ru, feats) in enumerate(zip(chosen.tolist(), runners, evidence, strict=True)):
         text = _describe(fb, c, ru, float(probs[j, c]), p_runner[j], xc[j], xr[j], feats)
+        if ru is None and fb.num_pools > 1:  # what it asks for, which the other pools do not offer
+            t = fb.tasks[int(rows[j])]
+            text += f" for cpus={t.cpus:g} mem={t.memory_gb:g}GB gpus={t.gpus:g}"
         out.append("held for a better moment; best now " + text if held[j] else text)
     return out

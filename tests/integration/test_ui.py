@@ -54,7 +54,7 @@ def test_placements_page_shows_each_placement_and_why(stack: Stack, api: Api, br
     assert len(ours) == 7, rows[:3]
     train = next(r for r in ours if " train " in f" {r} ")
     # train asks for a GPU: the GPU pool is the only one it may use, and its reason says so
-    assert " gpu " in f" {train} " and train.endswith(": only usable pool"), train
+    assert " gpu " in f" {train} " and train.endswith(": only usable pool for cpus=4 mem=16GB gpus=1"), train
     # the others name the runner-up pool and what set them apart
     assert any(" over " in r and "p=" in r.split(" over ")[1] and ": " in r.split(" over ")[1] for r in ours), ours
     browser.save_screenshot(str(stack.state / "ui-placements.png"))

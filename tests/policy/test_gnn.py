@@ -510,13 +510,16 @@ def test_a_reason_compares_with_a_pool_the_task_may_use() -> None:
         placer = GNNPlacer.from_checkpoint(ROOT / "policy" / "checkpoints" / "default", cp_gate=gate,
                                            cp_gate_scope="all")
         for req, graphs in mixed_requests():
-            usable = placer.features(req, graphs).pairs.mask
+            fb = placer.features(req, graphs)
+            usable = fb.pairs.mask
             names = [p.name for p in req.pools]
             rows = [(r.run_key, r.task_id) for r in req.ready]
             for d in placer.place(req, graphs):
                 row = usable[rows.index((d.run_key, d.task_id))]
-                if row.sum() == 1:
-                    assert d.reason.endswith(": only usable pool") and " over " not in d.reason
+                if row.sum() == 1:  # and it says what the task asks for
+                    t = fb.tasks[rows.index((d.run_key, d.task_id))]
+                    assert d.reason.endswith(f": only usable pool for cpus={t.cpus:g} mem={t.memory_gb:g}GB "
+                                            f"gpus={t.gpus:g}") and " over " not in d.reason, d.reason
                     seen["alone"] += 1
                 elif row.any():
                     assert row[names.index(d.reason.split(" over ")[1].split(" ")[0])]
