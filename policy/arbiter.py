@@ -131,7 +131,7 @@ def violation(decision: Decision, request: PlacementRequest, graph: RunGraph | N
         return f"task is pinned to {task.pool}"
     if not pool.fits(task):
         return (
-            f"{pool.name} cannot hold cpus={task.cpus:g} mem={task.memory_gb:g}GB gpus={task.gpus:g}"
+            f"{pool.name} cannot hold {task.asks}"
         )
     return None
 

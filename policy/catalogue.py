@@ -28,6 +28,9 @@ import yaml
 from policy.errors import CatalogueError
 from policy.schema import PoolState
 
+#: the folder of the catalogues this package ships (``gpu-affinity.yaml``, ``demo.yaml``, ...)
+PACKAGED_CATALOGUES = Path(__file__).resolve().parent / "catalogues"
+
 
 @dataclass(frozen=True)
 class VMClass:

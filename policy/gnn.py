@@ -512,8 +512,7 @@ class GNNPlacer:
         for i, choice, score, reason, fit in zip(order, choices, scores, reasons, fits, strict=True):
             pool = fb.pools[choice]
             if not fit:
-                t = fb.tasks[i]
-                reason += f"; no pool fits cpus={t.cpus:g} mem={t.memory_gb:g}GB gpus={t.gpus:g}"
+                reason += f"; no pool fits {fb.tasks[i].asks}"
             if gated is not None and gated[i].any():
                 names = ",".join(p.name for p, g in zip(fb.pools, gated[i], strict=True) if g)
                 who = "every task" if self.cp_gate_scope == "all" else "off the critical path"
@@ -763,14 +762,17 @@ def _evidence(diff: np.ndarray, x_chosen: np.ndarray, x_runner: np.ndarray, top:
     return out
 
 
-def _describe(fb: FeatureBatch, chosen: int, runner: int | None, p_chosen: float, p_runner: float,
+def _describe(fb: FeatureBatch, row: int, chosen: int, runner: int | None, p_chosen: float, p_runner: float,
               x_chosen: list[float], x_runner: list[float], phrases: Iterable[str]) -> str:
-    """A one-line reason: the chosen pool over the runner-up, and ``phrases`` (from
-    :func:`_evidence`) read off the two pools' pair features (as lists)."""
+    """A one-line reason for ready row ``row``: the chosen pool over the runner-up, and ``phrases``
+    (from :func:`_evidence`) read off the two pools' pair features (as lists)."""
     pool = fb.pools[chosen]
     text = f"{pool.name} ({pool.vm_class}) p={p_chosen:.2f}"
-    if runner is None or runner >= fb.num_pools:  # one pool, or no other the task fits or may use
-        return text + (": only candidate" if fb.num_pools == 1 else ": only usable pool")
+    if runner is None or runner >= fb.num_pools:
+        if fb.num_pools == 1:
+            return text + ": only candidate"
+        # no other pool the task fits or may use: what it asks for, which they do not offer
+        return text + f": only usable pool for {fb.tasks[row].asks}"
     other = fb.pools[runner]
     text += f" over {other.name} p={p_runner:.2f}"
     c, r = _Raw(x_chosen), _Raw(x_runner)
@@ -801,7 +803,7 @@ def explain_rows(dec: Decoded, rows: np.ndarray) -> list[str]:
     k = np.arange(len(rows))
     x_chosen = fb.pair_x[rows, chosen]  # [k, F]
     if probs.shape[1] > 1:
-        usable = fb.pairs.mask[rows] if fb.pairs.mask.shape == fb.pair_x.shape[:2] else np.ones_like(probs, bool)
+        usable = fb.pairs.mask[rows]
         ranked = np.lexsort((~usable, -probs), axis=1)  # by probability, then usable first, then pool order
         runner = np.where(ranked[:, 0] == chosen, ranked[:, 1], ranked[:, 0])
         x_runner = fb.pair_x[rows, runner]
@@ -820,10 +822,7 @@ def explain_rows(dec: Decoded, rows: np.ndarray) -> list[str]:
         runners = [None] * len(rows)
     xc: list[list[float]] = x_chosen.tolist()
     out = []
-    for j, (c, ru, feats) in enumerate(zip(chosen.tolist(), runners, evidence, strict=True)):
-        text = _describe(fb, c, ru, float(probs[j, c]), p_runner[j], xc[j], xr[j], feats)
-        if ru is None and fb.num_pools > 1:  # what it asks for, which the other pools do not offer
-            t = fb.tasks[int(rows[j])]
-            text += f" for cpus={t.cpus:g} mem={t.memory_gb:g}GB gpus={t.gpus:g}"
+    for j, (row, c, ru, feats) in enumerate(zip(rows.tolist(), chosen.tolist(), runners, evidence, strict=True)):
+        text = _describe(fb, row, c, ru, float(probs[j, c]), p_runner[j], xc[j], xr[j], feats)
         out.append("held for a better moment; best now " + text if held[j] else text)
     return out

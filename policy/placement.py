@@ -79,7 +79,7 @@ class EarliestFinishPlacer:
             # Nothing satisfies the hard constraints: choose the largest live pool and say so.
             live = [p for p in pools if p.up] or list(pools)
             candidates = [max(live, key=lambda p: (p.cpus, p.memory_gb, p.gpus))]
-            note = f"; no pool fits cpus={task.cpus:g} mem={task.memory_gb:g}GB gpus={task.gpus:g}"
+            note = f"; no pool fits {task.asks}"
         scored = []
         for p in candidates:
             run_s = task.duration_s / p.speed_for(task.kind)

@@ -148,6 +148,11 @@ class TaskNode:
     kind: str = "default"
     pool: str | None = None
 
+    @property
+    def asks(self) -> str:
+        """What it asks of a pool, as reasons and errors say it: ``cpus=4 mem=16GB gpus=1``."""
+        return f"cpus={self.cpus:g} mem={self.memory_gb:g}GB gpus={self.gpus:g}"
+
     def to_json(self) -> dict[str, Any]:
         # float() so that 10 and 10.0 encode (and hash, see graph_digest) the same way
         out: dict[str, Any] = {

@@ -25,10 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from policy.catalogue import PACKAGED_CATALOGUES, load_catalogue
 from policy.checkpoint import Checkpoint, load_checkpoint, save_ensemble
-
-#: the pool catalogues this package ships (a member's recorded catalogue path may be another checkout's)
-PACKAGED_CATALOGUES = Path(__file__).resolve().parents[1] / "policy" / "catalogues"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +42,6 @@ def evaluation_of(members: Sequence[Checkpoint]) -> dict[str, Any]:
     """The ensemble of ``members`` scored as ``drl-trainer train`` scored its first member."""
     import torch
 
-    from policy.catalogue import load_catalogue
     from trainer.train import Args, final_evaluation, settings_from
 
     training = members[0].manifest.get("training") or {}

@@ -103,11 +103,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _train_args(a: FinetuneArgs, hidden: int, layers: int, out: Path, reserve_busy: bool,
-                premium_ratio: float, cp_gate: float, cp_gate_scope: str) -> Args:
+                premium_ratio: float, cp_gate: float, cp_gate_scope: str, models: int) -> Args:
+    """Training arguments for fine-tuning ``models`` models, each for its share of ``a.minutes``."""
     return Args(pools=a.pools, load=a.load, duration_noise=a.duration_noise, objective=a.objective,
                 hidden=hidden, layers=layers, iters=a.iters, runs_start=a.runs, runs_end=a.runs,
                 eval_runs=a.eval_runs, eval_streams=a.eval_streams, seed=a.seed, out=str(out),
-                time_limit_s=a.minutes * 60.0, workflows="", heldout="", reserve_busy=int(reserve_busy),
+                time_limit_s=a.minutes * 60.0 / models, workflows="", heldout="", reserve_busy=int(reserve_busy),
                 premium_ratio=premium_ratio, cp_gate=cp_gate, cp_gate_scope=cp_gate_scope)
 
 
@@ -144,7 +145,7 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
     # the candidate decodes busy and premium pools as the incumbent was trained to (and is saved so)
     args = _train_args(a, cfg.hidden, cfg.layers, out, reserve_busy_of(incumbent.manifest),
                        premium_ratio_of(incumbent.manifest), cp_gate_of(incumbent.manifest),
-                       cp_gate_scope_of(incumbent.manifest))
+                       cp_gate_scope_of(incumbent.manifest), len(incumbent.members) + 1)
     torch.manual_seed(a.seed)
     catalogue = load_catalogue(a.pools)
     choose_teachers([training], catalogue, args)
@@ -152,7 +153,6 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
     # trained in place, member by member for its share of the budget; the incumbent stays as loaded
     incumbent_models = [incumbent.model, *(m for _, m in incumbent.members)]
     candidates = [copy.deepcopy(m) for m in incumbent_models]
-    args.time_limit_s = a.minutes * 60.0 / len(candidates)
     logs: list[dict[str, Any]] = []
     steps, train_s = 0, 0.0
     for i, model in enumerate(candidates):
