@@ -220,7 +220,7 @@ def decode_greedy(
          pool_valid, ready_x, node_idx, run_idx], device)
 
     # --- one model call per phase: task parts of all rows, pool parts of all requests ----------
-    a_rows = model.task_part(h_table[t_node], s_table[t_run_idx], t_ready_x)  # [sum R, H]
+    a_rows = model.task_side(h_table[t_node], s_table[t_run_idx], t_ready_x)  # [sum R, H]
     a = a_rows[t_slot_row]  # [S, R, H]
     hidden = a.shape[-1]
     b = torch.zeros((S, P, hidden), device=device)
@@ -228,17 +228,13 @@ def decode_greedy(
     for p in sorted(set(npools)):  # requests with the same number of pools share one call
         idx = [s for s in range(S) if npools[s] == p]
         sel: slice | Tensor = slice(None) if len(idx) == S else torch.tensor(idx, device=device)
-        q, g_p = model.encode_pools(t_pool_x[sel, :p])
-        b[sel, :p] = model.pool_part(q, g_p)
-        g[sel] = g_p
-    c_t = model.head_pair.weight.T  # [F, H]
+        b[sel, :p], g[sel] = model.pool_side(*model.encode_pools(t_pool_x[sel, :p]))
+    head = model.head_weights()
+    c_t = head["c_t"]  # [F, H]
     c_dyn = c_t[dyn]  # [5, H]
-    w = model.head_out.weight[0]
-    w_b = model.head_out.bias
-    s0, s2 = model.stop[0], model.stop[2]
-    assert isinstance(s0, torch.nn.Linear) and isinstance(s2, torch.nn.Linear)
+    w, w_b = head["w"], head["b"]
     # written out as matmul + bias (not addmm) to round as the one-request decoder's numpy does
-    s0_w, s0_b, s2_w, s2_b = s0.weight.T, s0.bias, s2.weight[0], s2.bias[0]
+    s0_w, s0_b, s2_w, s2_b = head["s0_w"], head["s0_b"], head["s2_w"], head["s2_b"][0]
     pre = a[:, :, None, :] + b[:, None] + t_sx @ c_t  # [S, R, P, H]
 
     if compiled:

@@ -272,7 +272,7 @@ class GNNPlacer:
         h_ready, s_ready = self._run_embeddings(fb)
         ready_x = torch.from_numpy(fb.ready_x).to(self.device)
         b_np, g_np = self._pool_parts(fb.pool_x)
-        a_np = self.model.task_part(h_ready, s_ready, ready_x).cpu().numpy()
+        a_np = self.model.task_side(h_ready, s_ready, ready_x).cpu().numpy()
         if not self.members:
             return a_np, g_np, b_np
         parts = [(a_np, g_np, b_np)] + [m._head_parts(fb) for m in self.members]
@@ -285,8 +285,8 @@ class GNNPlacer:
         hit = self._pools.get(key)
         if hit is not None:
             return hit
-        q, g = self.model.encode_pools(torch.from_numpy(pool_x).to(self.device).unsqueeze(0))
-        return self._pools.put(key, (self.model.pool_part(q, g)[0].cpu().numpy(), g[0].cpu().numpy()))
+        b, g = self.model.pool_side(*self.model.encode_pools(torch.from_numpy(pool_x).to(self.device).unsqueeze(0)))
+        return self._pools.put(key, (b[0].cpu().numpy(), g[0].cpu().numpy()))
 
     def features(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> FeatureBatch:
         """``request``'s features as this placer decodes them (pairs filled while decoding, its
@@ -657,7 +657,7 @@ def attribute(model: PlacementGNN | Sequence[PlacementGNN], dec: Decoded, row: i
         h, summary = m.encode_graph(xs, bt.edge_index, bt.node_run, bt.num_runs)
         q, g = m.encode_pools(bt.pool_x)
         a = m.task_part(h[bt.ready_node], summary[bt.ready_run], bt.ready_x)
-        return m.pair_logits(a, m.pool_part(q, g)[bt.ready_sample], pair_x, bt.mask)[row]
+        return m.pair_logits(a, m.pool_part(q, g)[bt.ready_sample], pair_x, bt.mask, m.row_bias(bt.ready_x))[row]
 
     with torch.enable_grad():
         logits = torch.stack([row_logits(m) for m in models]).mean(dim=0)

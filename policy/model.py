@@ -14,6 +14,9 @@ Grinsztajn et al. 2021):
    ``a_r = A [h_r, s_run(r), ready_r]`` and ``b_p = B [q_p, g]`` (the first layer of an MLP over
    the concatenation, split so the ``[R, P]`` broadcast is cheap), masked to ``-inf`` where the
    pool is down or the task does not fit (hard constraints come after the policy, never learned).
+   Optionally (:attr:`ModelConfig.row_bias`) ``+ k * run_work_left_ratio_r`` on every pool of
+   row ``r``: a learned weight on SRPT's key that the run order cannot route around; decoders
+   read it as one more hidden unit of the head (:meth:`PlacementGNN.head_weights`).
 4. **Stop head**: ``stop = MLP([mean of a_r over the rows still unplaced, g])``: "hold the
    remaining ready tasks for a better moment" (late binding: they are offered again at the next
    decision point, as the list-scheduling baselines do when they wait for a busy faster pool).
@@ -61,6 +64,7 @@ from policy.features import (
     F_TASK,
     FEATURE_SCHEMA_VERSION,
     READY_COLUMNS,
+    READY_FEATURES,
     FeatureBatch,
     guard_fit,
     late_blocked,
@@ -68,6 +72,15 @@ from policy.features import (
 )
 
 NEG_INF = -1e9
+
+#: The row bias's column: SRPT's key, 0 for the run with the least work left, at most 3.
+ROW_BIAS_COLUMN = READY_FEATURES.index("run_work_left_ratio")
+#: ``k = ROW_BIAS_MAX * tanh(theta)``: bounded, so the bias folds exactly into one extra hidden
+#: unit of the head, ``relu(ROW_BIAS_OFFSET + k * ratio) - ROW_BIAS_OFFSET`` (the unit is never
+#: clipped: ``|k * ratio| <= 12 < 16``), which every decoding path reads as it reads the others
+#: (:meth:`PlacementGNN.task_side`, :meth:`PlacementGNN.head_weights`)
+ROW_BIAS_MAX = 4.0
+ROW_BIAS_OFFSET = 16.0
 
 
 @dataclass(frozen=True)
@@ -78,20 +91,28 @@ class ModelConfig:
     hidden: int = 32
     #: rounds of child -> parent message passing
     layers: int = 3
+    #: a learned weight ``k`` on SRPT's key, ``run_work_left_ratio``, added to every pair logit of
+    #: its row (:meth:`PlacementGNN.row_bias`): a direct path the run order cannot route around
+    row_bias: bool = False
 
     def __post_init__(self) -> None:
         if self.hidden < 1 or self.layers < 0:
             raise CheckpointError(f"model config: bad hidden={self.hidden!r} / layers={self.layers!r}")
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if not self.row_bias:  # the manifests written before it existed stay as they were
+            del out["row_bias"]
+        return out
 
     @classmethod
     def from_json(cls, obj: Any) -> ModelConfig:
-        if not isinstance(obj, dict) or set(obj) != {"hidden", "layers"}:
-            raise CheckpointError(f"model config: expected {{hidden, layers}}, got {obj!r}")
+        if not isinstance(obj, dict) or not {"hidden", "layers"} <= set(obj) <= {"hidden", "layers", "row_bias"}:
+            raise CheckpointError(f"model config: expected {{hidden, layers[, row_bias]}}, got {obj!r}")
+        if not isinstance(obj.get("row_bias", False), bool):
+            raise CheckpointError(f"model config: row_bias must be true or false, got {obj['row_bias']!r}")
         try:
-            return cls(hidden=int(obj["hidden"]), layers=int(obj["layers"]))
+            return cls(hidden=int(obj["hidden"]), layers=int(obj["layers"]), row_bias=obj.get("row_bias", False))
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"model config: {obj!r}: {exc}") from exc
 
@@ -326,6 +347,12 @@ class PlacementGNN(nn.Module):
         self.head_out = nn.Linear(h, 1)
         self.stop = nn.Sequential(nn.Linear(2 * h, h), nn.ReLU(), nn.Linear(h, 1))
         self.value = nn.Sequential(nn.Linear(2 * h, h), nn.ReLU(), nn.Linear(h, 1))
+        if self.config.row_bias:
+            if READY_COLUMNS[schema_version] <= ROW_BIAS_COLUMN:
+                raise CheckpointError(f"a row bias reads run_work_left_ratio, which feature schema {schema_version}"
+                                      " lacks")
+            #: ``theta`` of the row bias (``k = ROW_BIAS_MAX * tanh(theta)``); 0: the model starts without it
+            self.row_theta = nn.Parameter(torch.zeros(1))
 
     # --- parts, usable separately so a placer can cache per-run embeddings ------------------
 
@@ -353,14 +380,25 @@ class PlacementGNN(nn.Module):
         """``[S, P, H]``: the pool side of the first head layer."""
         return self.head_pool(torch.cat([q, g.unsqueeze(1).expand_as(q)], dim=-1))
 
-    def pair_logits(self, a: Tensor, b: Tensor, pair_x: Tensor, mask: Tensor) -> Tensor:
-        """``[R, P]`` masked logits from ``a [R, H]``, ``b [R, P, H]`` and ``pair_x [R, P, F_PAIR]``.
+    def row_bias(self, ready_x: Tensor) -> Tensor:
+        """``[R]``: ``k * run_work_left_ratio`` of each ready row, added to every pair logit of
+        the row (zeros without :attr:`ModelConfig.row_bias`). It moves which task goes first,
+        never which pool a task goes to; ``k < 0`` prefers the run with the least work left."""
+        if not self.config.row_bias:
+            return ready_x.new_zeros(ready_x.shape[:-1])
+        return ROW_BIAS_MAX * torch.tanh(self.row_theta[0]) * ready_x[..., ROW_BIAS_COLUMN]
+
+    def pair_logits(self, a: Tensor, b: Tensor, pair_x: Tensor, mask: Tensor, bias: Tensor | None = None) -> Tensor:
+        """``[R, P]`` masked logits from ``a [R, H]``, ``b [R, P, H]`` and ``pair_x [R, P, F_PAIR]``,
+        plus ``bias [R]`` (:meth:`row_bias`) on every pool of a row.
 
         A row whose mask is all False (no pool fits) is left unmasked, so the caller can still
         choose (and say that nothing fits), as :class:`~policy.placement.EarliestFinishPlacer` does.
         """
         z = torch.relu(a.unsqueeze(1) + b + self.head_pair(pair_x))
         logits = self.head_out(z).squeeze(-1)
+        if bias is not None:
+            logits = logits + bias.unsqueeze(1)
         keep = mask | ~mask.any(dim=1, keepdim=True)
         return logits.masked_fill(~keep, NEG_INF)
 
@@ -378,23 +416,47 @@ class PlacementGNN(nn.Module):
         still unplaced ``[K, H]`` and the cluster summary ``[K, H]``."""
         return self.stop(torch.cat([a_mean, g], dim=-1)).squeeze(-1)
 
-    def numpy_weights(self) -> dict[str, np.ndarray]:
-        """Weights of the head and the stop MLP as numpy, for the per-step decode loop (which
-        must not pay torch's per-call overhead a dozen times a batch; see :mod:`policy.gnn`)."""
-        def a(t: Tensor) -> np.ndarray:
-            return t.detach().cpu().numpy().copy()
+    # --- the head as the decoders read it: the row bias folded into one more hidden unit -------
 
+    def task_side(self, h_ready: Tensor, s_ready: Tensor, ready_x: Tensor) -> Tensor:
+        """``[R, H']``: :meth:`task_part`, with the row bias as one more unit,
+        ``ROW_BIAS_OFFSET + bias`` (``H' = H + 1``; ``H`` without a row bias)."""
+        a = self.task_part(h_ready, s_ready, ready_x)
+        if not self.config.row_bias:
+            return a
+        return torch.cat([a, (ROW_BIAS_OFFSET + self.row_bias(ready_x)).unsqueeze(-1)], dim=-1)
+
+    def pool_side(self, q: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+        """``(b [S, P, H'], g [S, H'])``: :meth:`pool_part` and the cluster summary, zero on the
+        row bias's unit."""
+        b = self.pool_part(q, g)
+        if not self.config.row_bias:
+            return b, g
+        return tuple(torch.cat([t, t.new_zeros(t.shape[:-1] + (1,))], dim=-1) for t in (b, g))  # type: ignore[return-value]
+
+    def head_weights(self) -> dict[str, Tensor]:
+        """The pair head and the stop MLP over :meth:`task_side` / :meth:`pool_side`'s ``H'``
+        units: ``c_t [F_PAIR, H']``, ``w [H']``, ``b [1]``, ``s0_w [2H', H]``, ``s0_b [H]``,
+        ``s2_w [H]``, ``s2_b [1]``. The row bias's unit has no pair weights, output weight 1
+        (its offset taken off ``b``) and no part in stop, so ``w . relu(a + b_p + C x) + b`` is
+        :meth:`pair_logits` with the bias, exactly."""
         s0, s2 = self.stop[0], self.stop[2]
         assert isinstance(s0, nn.Linear) and isinstance(s2, nn.Linear)
-        return {
-            "c_t": a(self.head_pair.weight).T.copy(),
-            "w": a(self.head_out.weight)[0],
-            "b": a(self.head_out.bias),
-            "s0_w": a(s0.weight).T.copy(),
-            "s0_b": a(s0.bias),
-            "s2_w": a(s2.weight)[0],
-            "s2_b": a(s2.bias),
-        }
+        c_t, w, s0_w = self.head_pair.weight.T, self.head_out.weight[0], s0.weight.T
+        b: Tensor = self.head_out.bias
+        if self.config.row_bias:
+            h = self.config.hidden
+            c_t = torch.cat([c_t, c_t.new_zeros(c_t.shape[0], 1)], dim=1)
+            w = torch.cat([w, w.new_ones(1)])
+            b = b - ROW_BIAS_OFFSET
+            zero = s0_w.new_zeros(1, s0_w.shape[1])
+            s0_w = torch.cat([s0_w[:h], zero, s0_w[h:], zero])
+        return {"c_t": c_t, "w": w, "b": b, "s0_w": s0_w, "s0_b": s0.bias, "s2_w": s2.weight[0], "s2_b": s2.bias}
+
+    def numpy_weights(self) -> dict[str, np.ndarray]:
+        """:meth:`head_weights` as numpy, for the per-step decode loop (which must not pay
+        torch's per-call overhead a dozen times a batch; see :mod:`policy.gnn`)."""
+        return {k: v.detach().cpu().numpy().copy() for k, v in self.head_weights().items()}
 
     def step_forward(self, st: StepTensors) -> StepScores:
         """Decoding steps of collated requests -> :class:`StepScores`.
@@ -410,7 +472,7 @@ class PlacementGNN(nn.Module):
         b = self.pool_part(q, g)  # [S, P, H]
         sample_of_entry = st.step_sample[st.entry_step]
         z = torch.relu(a[st.entry_row] + b[sample_of_entry, st.entry_pool] + self.head_pair(st.entry_x))
-        entry_logits = self.head_out(z).squeeze(-1)  # [M]
+        entry_logits = self.head_out(z).squeeze(-1) + self.row_bias(bt.ready_x)[st.entry_row]  # [M]
         k = st.step_sample.shape[0]
         a_mean = scatter(a[st.rem_row], st.rem_step, dim=0, dim_size=k, reduce="mean")
         stop_logits = self.stop_logits(a_mean, g[st.step_sample])  # [K]
@@ -444,7 +506,7 @@ class PlacementGNN(nn.Module):
         s_ready = summary[bt.ready_run]
         a = self.task_part(h_ready, s_ready, bt.ready_x)
         b = self.pool_part(q, g)[bt.ready_sample]
-        logits = self.pair_logits(a, b, bt.pair_x, bt.mask)
+        logits = self.pair_logits(a, b, bt.pair_x, bt.mask, self.row_bias(bt.ready_x))
         pooled = scatter(a, bt.ready_sample, dim=0, dim_size=bt.num_samples, reduce="mean")
         value = self.value(torch.cat([pooled, g], dim=-1)).squeeze(-1)
         return logits, value

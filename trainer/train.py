@@ -140,6 +140,9 @@ class Args:
     #: model size
     hidden: int = 32
     layers: int = 3
+    #: 1: a learned weight on SRPT's key (``run_work_left_ratio``) added to every pair logit of
+    #: its row, a direct path for the run order (``policy.model.ModelConfig.row_bias``); 0 = off
+    row_bias: int = 0
     #: feature schema the new model reads (an older one reads its leading ready columns; the
     #: default is this code's newest)
     feature_schema: int = FEATURE_SCHEMA_VERSION
@@ -214,6 +217,8 @@ class Args:
                      "rl_batch_requests", "rl_eval_every"):
             if getattr(self, name) < (0 if name in ("iters", "rl_iters", "rl_eval_every") else 1):
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if self.row_bias not in (0, 1):
+            raise ValueError(f"row_bias must be 0 or 1, got {self.row_bias!r}")
         if self.feature_schema not in READY_COLUMNS:
             raise ValueError(f"feature_schema must be one of {sorted(READY_COLUMNS)}, got {self.feature_schema!r}")
         if self.reserve_busy not in (0, 1):
@@ -605,7 +610,8 @@ def train(args: Args) -> dict[str, Any]:
     if ckpt is not None:
         model, init_version = upgraded(ckpt.model), ckpt.version  # an older schema gains the new columns
     else:
-        model = PlacementGNN(ModelConfig(hidden=args.hidden, layers=args.layers), args.feature_schema)
+        model = PlacementGNN(ModelConfig(hidden=args.hidden, layers=args.layers, row_bias=bool(args.row_bias)),
+                             args.feature_schema)
     global_step, train_s = imitate(model, settings, catalogue, args, rng, record, t_start)
     rl: dict[str, Any] = {}
     if args.rl_iters:

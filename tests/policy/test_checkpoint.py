@@ -230,3 +230,25 @@ def test_an_ensemble_round_trips_as_one_checkpoint(tmp_path: Path) -> None:
     (path / WEIGHTS_FILE).write_bytes(bytes(blob))
     with pytest.raises(CheckpointError, match="sha256 .* does not match"):
         load_checkpoint(path)
+
+
+def test_a_row_bias_round_trips_and_older_configs_stay_as_written(tmp_path: Path) -> None:
+    """A model with a row bias saves ``row_bias: true`` and its weight, and loads with both; a
+    model without one writes the config the checkpoints before it wrote (no ``row_bias`` key);
+    a config whose ``row_bias`` is not a boolean, or with a key this code does not know, is refused."""
+    torch.manual_seed(4)
+    model = PlacementGNN(ModelConfig(hidden=8, layers=1, row_bias=True), schema_version=4)
+    with torch.no_grad():
+        model.row_theta.fill_(-0.7)
+    save_checkpoint(model, tmp_path / "rb")
+    manifest = read_manifest(tmp_path / "rb")
+    assert manifest["model"] == {"hidden": 8, "layers": 1, "row_bias": True}
+    assert manifest["parameters"]["row_theta"] == [1]
+    loaded = load_checkpoint(tmp_path / "rb").model
+    x = torch.rand(5, READY_COLUMNS[4])
+    assert torch.equal(loaded.row_bias(x), model.row_bias(x)) and float(loaded.row_bias(x).abs().sum()) > 0
+    save_checkpoint(PlacementGNN(ModelConfig(hidden=8, layers=1)), tmp_path / "plain")
+    assert read_manifest(tmp_path / "plain")["model"] == {"hidden": 8, "layers": 1}
+    for bad in ({"hidden": 8, "layers": 1, "row_bias": "yes"}, {"hidden": 8, "layers": 1, "depth": 2}):
+        with pytest.raises(CheckpointError, match="model config"):
+            ModelConfig.from_json(bad)

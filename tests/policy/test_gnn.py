@@ -14,16 +14,30 @@ from gnn_helpers import ROOT, big_request, diamond_request, mixed_requests
 from policy import step_kernel
 from policy.arbiter import BatchPlacer
 from policy.checkpoint import save_checkpoint
+from policy.errors import CheckpointError
 from policy.features import featurize
 from policy.gnn import GNNPlacer, attribute, step_kernel_choice
-from policy.model import ModelConfig, PlacementGNN, collate, collate_steps
+from policy.model import ROW_BIAS_COLUMN, ModelConfig, PlacementGNN, collate, collate_steps
 from policy.placement import Placer
 from policy.schema import Decision, ReadyTask
 
 
-def _placer(**kw: object) -> GNNPlacer:
+def _placer(row_bias: bool = False, **kw: object) -> GNNPlacer:
+    """An untrained placer; with ``row_bias`` a model whose row bias prefers the run with the
+    least work left (``k`` about -1.85 per unit of ``run_work_left_ratio``)."""
     torch.manual_seed(0)
-    return GNNPlacer(PlacementGNN(ModelConfig()), **kw)  # type: ignore[arg-type]
+    model = PlacementGNN(ModelConfig(row_bias=row_bias))
+    if row_bias:
+        with torch.no_grad():
+            model.row_theta.fill_(-0.5)
+    return GNNPlacer(model, **kw)  # type: ignore[arg-type]
+
+
+def _make(checkpoint: str | None, **kw: object) -> GNNPlacer:
+    """A packaged checkpoint's placer, an untrained one (None) or one with a row bias ("row")."""
+    if checkpoint in (None, "row"):
+        return _placer(row_bias=checkpoint == "row", **kw)
+    return GNNPlacer.from_checkpoint(ROOT / "policy" / "checkpoints" / checkpoint, **kw)  # type: ignore[arg-type]
 
 
 def test_is_a_placer() -> None:
@@ -49,8 +63,9 @@ def test_never_stops_while_nothing_runs() -> None:
         assert dec.steps[0].action is not None and not dec.steps[0].stop_ok
 
 
-@pytest.mark.parametrize(("reserve_busy", "premium"), [(False, 0.0), (True, 0.0), (True, 3.0)])
-def test_recorded_steps_score_the_same_in_training(reserve_busy: bool, premium: float) -> None:
+@pytest.mark.parametrize(("reserve_busy", "premium", "row_bias"),
+                         [(False, 0.0, False), (True, 0.0, False), (True, 3.0, False), (True, 0.0, True)])
+def test_recorded_steps_score_the_same_in_training(reserve_busy: bool, premium: float, row_bias: bool) -> None:
     """step_forward over the decoded steps gives back the decoder's log-probability, so
     training on recorded decisions sees exactly what the placer saw (with ``reserve_busy``, the
     busy pools it blocks are left out of training's choices too, with premium pools not
@@ -59,7 +74,7 @@ def test_recorded_steps_score_the_same_in_training(reserve_busy: bool, premium: 
 
     from policy.model import step_entries
 
-    placer = _placer(temperature=1.0, seed=1, reserve_busy=reserve_busy, premium_ratio=premium)
+    placer = _placer(row_bias, temperature=1.0, seed=1, reserve_busy=reserve_busy, premium_ratio=premium)
     left_out = 0
     for req, graphs in [big_request(60, 12), _cpu_busy_gpu_free(120, 24, 4),
                         *[(r, g) for r, g in mixed_requests() if r.ready]]:
@@ -76,15 +91,51 @@ def test_recorded_steps_score_the_same_in_training(reserve_busy: bool, premium: 
     assert (left_out > 0) == reserve_busy
 
 
-def test_first_step_logits_match_one_shot_forward() -> None:
-    placer = _placer(allow_wait=False)
-    req, graphs = big_request(60, 12)
-    dec = placer.decode(req, graphs)
-    first = dec.steps[0]
-    fb = featurize(req, graphs)  # nothing placed yet: the first step's features
-    logits, _ = placer.model(collate([fb]))
-    r, p = first.action  # type: ignore[misc]
-    assert logits.max().item() == pytest.approx(logits[r, p].item(), rel=1e-5)
+@pytest.mark.parametrize("row_bias", [False, True])
+def test_first_step_logits_match_one_shot_forward(row_bias: bool) -> None:
+    placer = _placer(row_bias, allow_wait=False)
+    for req, graphs in [big_request(60, 12), *[(r, g) for r, g in mixed_requests() if len(r.runs) > 1]]:
+        dec = placer.decode(req, graphs)
+        first = dec.steps[0]
+        fb = featurize(req, graphs)  # nothing placed yet: the first step's features
+        logits, _ = placer.model(collate([fb]))
+        r, p = first.action  # type: ignore[misc]
+        assert logits.max().item() == pytest.approx(logits[r, p].item(), rel=1e-5)
+
+
+def test_the_row_bias_orders_runs_by_work_left_and_folds_exactly() -> None:
+    """A row bias (``ModelConfig.row_bias``) adds ``k * run_work_left_ratio`` to every pool of a
+    row: the one-shot logits move by exactly that, the pools' order within a row does not, and
+    the decoders, which read it as one more hidden unit of the head, give the same first step;
+    with ``k`` strongly negative the first task sent is of the run with the least work left."""
+    req, graphs = next((r, g) for r, g in mixed_requests() if len(r.runs) > 1)
+    fb = featurize(req, graphs)
+    ratio = fb.ready_x[:, ROW_BIAS_COLUMN]
+    assert ratio.min() == 0 and ratio.max() > 0.5  # the runs differ in work left
+    with_bias = _placer(True, allow_wait=False)
+    plain = GNNPlacer(PlacementGNN(ModelConfig()), allow_wait=False)
+    plain.model.load_state_dict({k: v for k, v in with_bias.model.state_dict().items() if k != "row_theta"})
+    bt = collate([fb])
+    k = float(4.0 * torch.tanh(torch.tensor(-0.5)))
+    with torch.no_grad():
+        shift = with_bias.model(bt)[0] - plain.model(bt)[0]
+    keep = bt.mask | ~bt.mask.any(dim=1, keepdim=True)
+    np.testing.assert_allclose(shift[keep].numpy(), np.broadcast_to(k * ratio[:, None], keep.shape)[keep.numpy()],
+                               atol=1e-5)
+    with torch.no_grad():
+        with_bias.model.row_theta.fill_(-3.0)  # k = -3.98: a strong preference for SRPT's run
+    with_bias.clear_cache()
+    first = with_bias._decode_features(with_bias.features(req, graphs), 0.0).placed_order[0]
+    assert ratio[first] == 0
+    with torch.no_grad():
+        with_bias.model.row_theta.fill_(3.0)  # and the other way round
+    with_bias.clear_cache()
+    assert ratio[with_bias._decode_features(with_bias.features(req, graphs), 0.0).placed_order[0]] > 0
+
+
+def test_a_row_bias_needs_the_srpt_key_s_column() -> None:
+    with pytest.raises(CheckpointError, match="run_work_left_ratio"):
+        PlacementGNN(ModelConfig(row_bias=True), schema_version=3)
 
 
 def test_sampling_is_seeded() -> None:
@@ -134,7 +185,7 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", ["numpy", "torch"] + (["compiled"] if step_kernel.AVAILABLE else []))
-@pytest.mark.parametrize("checkpoint", [None, "default"])
+@pytest.mark.parametrize("checkpoint", [None, "default", "row"])
 @pytest.mark.parametrize(("allow_wait", "reserve_busy", "premium", "gate"),
                          [(True, False, 0.0, 0.0), (False, False, 0.0, 0.0), (True, True, 0.0, 0.0),
                           (True, True, 3.0, 0.0), (True, True, 3.0, 3.0)])
@@ -151,12 +202,8 @@ def test_place_many_decides_as_place(checkpoint: str | None, allow_wait: bool, r
     checked here, on the CPU and, where there is one, on a GPU (the model's parts
     computed there, the numpy steps after one download)."""
     def make() -> GNNPlacer:
-        if checkpoint:
-            return GNNPlacer.from_checkpoint(ROOT / "policy" / "checkpoints" / checkpoint, allow_wait=allow_wait,
-                                             reserve_busy=reserve_busy, premium_ratio=premium, cp_gate=gate,
-                                             device=device)
-        return _placer(allow_wait=allow_wait, reserve_busy=reserve_busy, premium_ratio=premium, cp_gate=gate,
-                       device=device)
+        return _make(checkpoint, allow_wait=allow_wait, reserve_busy=reserve_busy, premium_ratio=premium, cp_gate=gate,
+                     device=device)
 
     items = mixed_requests() + ([_cpu_busy_gpu_free(120, 24, 4)] if premium else [])
     requests, graphs = [r for r, _ in items], [g for _, g in items]
@@ -176,7 +223,7 @@ def test_place_many_decides_as_place(checkpoint: str | None, allow_wait: bool, r
 
 
 @pytest.mark.skipif(not step_kernel.AVAILABLE, reason="numba is not installed (the policy extra installs it)")
-@pytest.mark.parametrize("checkpoint", [None, "default"])
+@pytest.mark.parametrize("checkpoint", [None, "default", "row"])
 @pytest.mark.parametrize(("allow_wait", "reserve_busy", "hold_ratio", "premium", "gate"),
                          [(True, False, math.inf, 0.0, 0.0), (False, False, math.inf, 0.0, 0.0),
                           (True, True, math.inf, 0.0, 0.0), (True, True, 1.0, 0.0, 0.0), (True, True, math.inf, 3.0, 0.0),
@@ -188,11 +235,8 @@ def test_compiled_steps_decide_as_numpy_steps(checkpoint: str | None, allow_wait
     mixed requests and on 60 random ones (1-40 ready rows of 30-400-task runs on busy and idle
     clusters); the float32 sums may round differently in the last bits, nothing more."""
     def make(kernel: str) -> GNNPlacer:
-        kw = dict(allow_wait=allow_wait, reserve_busy=reserve_busy, hold_ratio=hold_ratio, premium_ratio=premium,
-                  cp_gate=gate, step_kernel=kernel)
-        if checkpoint:
-            return GNNPlacer.from_checkpoint(ROOT / "policy" / "checkpoints" / checkpoint, **kw)  # type: ignore[arg-type]
-        return _placer(**kw)
+        return _make(checkpoint, allow_wait=allow_wait, reserve_busy=reserve_busy, hold_ratio=hold_ratio,
+                     premium_ratio=premium, cp_gate=gate, step_kernel=kernel)
 
     fast, slow = make("compiled"), make("numpy")
     assert (fast.step_kernel, slow.step_kernel) == ("compiled", "numpy")
@@ -546,7 +590,10 @@ def test_an_ensemble_decides_on_its_members_mean_logits(reserve_busy: bool, kern
     items += [big_request(int(n), ready=16, seed=s) for s, n in enumerate((60, 200, 400))]
     a = _placer(reserve_busy=reserve_busy, step_kernel=kernel)
     torch.manual_seed(7)
-    b = GNNPlacer(PlacementGNN(ModelConfig(hidden=16)), reserve_busy=reserve_busy, step_kernel=kernel)
+    b = GNNPlacer(PlacementGNN(ModelConfig(hidden=16, row_bias=True)), reserve_busy=reserve_busy, step_kernel=kernel)
+    with torch.no_grad():
+        b.model.row_theta.fill_(-0.5)  # a member with a row bias: its unit stacks with the others
+    b.clear_cache()
 
     def ens(x: GNNPlacer, y: GNNPlacer, **kw: object) -> GNNPlacer:
         return GNNPlacer(x.model, reserve_busy=reserve_busy, step_kernel=kernel,  # type: ignore[arg-type]
@@ -576,7 +623,7 @@ def test_an_ensemble_decides_on_its_members_mean_logits(reserve_busy: bool, kern
         ).clamp(min=0) @ torch.from_numpy(no_stop._weights["s2_w"]) + float(no_stop._weights["s2_b"][0]))
         with torch.no_grad():
             each = [float(m.model.stop_logits(x.mean(0, keepdim=True), y.unsqueeze(0))) for m, x, y in
-                    ((a, am[:, :h], g[:h]), (b, am[:, h:], g[h:]))]
+                    ((a, am[:, :h], g[:h]), (b, am[:, h:h + 16], g[h:h + 16]))]
         assert stop == pytest.approx(sum(each) / 2, abs=1e-5)
     assert differs
     single = [no_stop.place(r, g) for r, g in items]
