@@ -59,6 +59,25 @@ def test_imitation_loss_falls_and_beats_random() -> None:
     assert trained < random, (trained, random)
 
 
+def test_the_row_bias_learns_srpt_s_run_order_from_an_srpt_teacher() -> None:
+    """``--row-bias 1``: imitating ``srpt+eft`` on a stream where several runs wait at once, the
+    learned weight on ``run_work_left_ratio`` turns negative (the run with the least work left
+    first), from 0 at the start."""
+    torch.manual_seed(0)
+    args = Args(workflows="etl", heldout="", epochs=1, batch_requests=32, lr=1e-2, threads=1, row_bias=1)
+    catalogue = load_catalogue(args.pools)
+    setting = settings_from("etl", seed=1)[0]
+    setting.teacher = "srpt+eft"
+    model = PlacementGNN(ModelConfig(hidden=16, layers=2, row_bias=True))
+    samples = collect(setting, catalogue, GNNPlacer(model, seed=0), True, n_runs=8, seed=3, args=args)
+    assert float(model.row_theta) == 0.0
+    rng = np.random.default_rng(0)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    for _ in range(8):
+        bc_update(model, opt, samples, args, rng)
+    assert float(model.row_theta) < -0.05
+
+
 def test_every_flag_says_what_it_does() -> None:
     """``drl-trainer train --help`` shows each ``Args`` field's ``#:`` comment; a comment covers
     the fields after it up to the next one (``--load`` and ``--duration-noise`` share theirs)."""
