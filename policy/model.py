@@ -47,6 +47,7 @@ collated batch, ``P`` pools, ``H`` hidden)::
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple, Sequence
 
@@ -75,12 +76,13 @@ NEG_INF = -1e9
 
 #: The row bias's column: SRPT's key, 0 for the run with the least work left, at most 3.
 ROW_BIAS_COLUMN = READY_FEATURES.index("run_work_left_ratio")
-#: ``k = ROW_BIAS_MAX * tanh(theta)``: bounded, so the bias folds exactly into one extra hidden
-#: unit of the head, ``relu(ROW_BIAS_OFFSET + k * ratio) - ROW_BIAS_OFFSET`` (the unit is never
-#: clipped: ``|k * ratio| <= 12 < 16``), which every decoding path reads as it reads the others
-#: (:meth:`PlacementGNN.task_side`, :meth:`PlacementGNN.head_weights`)
-ROW_BIAS_MAX = 4.0
-ROW_BIAS_OFFSET = 16.0
+#: ``k`` is used clamped to ``[-ROW_BIAS_MAX, ROW_BIAS_MAX]``, so the bias folds exactly into one
+#: extra hidden unit of the head, ``relu(ROW_BIAS_OFFSET + k * ratio) - ROW_BIAS_OFFSET`` (the
+#: unit is never clipped: ``|k * ratio| <= 96 < 128``), which every decoding path reads as it
+#: reads the others (:meth:`PlacementGNN.task_side`, :meth:`PlacementGNN.head_weights`). The
+#: trained logits of a row differ by ~10 across the rows of a request, so ``k`` needs room.
+ROW_BIAS_MAX = 32.0
+ROW_BIAS_OFFSET = 128.0
 
 
 @dataclass(frozen=True)
@@ -351,8 +353,9 @@ class PlacementGNN(nn.Module):
             if READY_COLUMNS[schema_version] <= ROW_BIAS_COLUMN:
                 raise CheckpointError(f"a row bias reads run_work_left_ratio, which feature schema {schema_version}"
                                       " lacks")
-            #: ``theta`` of the row bias (``k = ROW_BIAS_MAX * tanh(theta)``); 0: the model starts without it
-            self.row_theta = nn.Parameter(torch.zeros(1))
+            #: ``k`` of the row bias (:meth:`row_bias`); 0: the model starts without it (training
+            #: may start it elsewhere, ``drl-trainer train --row-bias-init``)
+            self.row_k = nn.Parameter(torch.zeros(1))
 
     # --- parts, usable separately so a placer can cache per-run embeddings ------------------
 
@@ -386,7 +389,7 @@ class PlacementGNN(nn.Module):
         never which pool a task goes to; ``k < 0`` prefers the run with the least work left."""
         if not self.config.row_bias:
             return ready_x.new_zeros(ready_x.shape[:-1])
-        return ROW_BIAS_MAX * torch.tanh(self.row_theta[0]) * ready_x[..., ROW_BIAS_COLUMN]
+        return self.row_k[0].clamp(-ROW_BIAS_MAX, ROW_BIAS_MAX) * ready_x[..., ROW_BIAS_COLUMN]
 
     def pair_logits(self, a: Tensor, b: Tensor, pair_x: Tensor, mask: Tensor, bias: Tensor | None = None) -> Tensor:
         """``[R, P]`` masked logits from ``a [R, H]``, ``b [R, P, H]`` and ``pair_x [R, P, F_PAIR]``,
@@ -415,6 +418,18 @@ class PlacementGNN(nn.Module):
         """``[K]`` logits of "stop: hold the remaining tasks" from the mean task part of the rows
         still unplaced ``[K, H]`` and the cluster summary ``[K, H]``."""
         return self.stop(torch.cat([a_mean, g], dim=-1)).squeeze(-1)
+
+    def with_row_bias(self, k: float) -> PlacementGNN:
+        """This model with a row bias of weight ``k`` and its other weights unchanged (a prior on
+        SRPT's run order for a model trained without one; ``drl-trainer ensemble --row-bias``)."""
+        if not math.isfinite(k) or abs(k) > ROW_BIAS_MAX:
+            raise ValueError(f"a row bias's weight must be within +-{ROW_BIAS_MAX:g}, got {k!r}")
+        cfg = self.config
+        model = PlacementGNN(ModelConfig(cfg.hidden, cfg.layers, row_bias=True), self.schema_version)
+        state = self.state_dict()
+        state["row_k"] = state["head_out.bias"].new_tensor([k])
+        model.load_state_dict(state)
+        return model.to(state["head_out.bias"].device).train(self.training)
 
     # --- the head as the decoders read it: the row bias folded into one more hidden unit -------
 

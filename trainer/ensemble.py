@@ -10,6 +10,8 @@ decodes with the first checkpoint's settings (busy pools, premium guards). Seeds
 command disagree most on families none of them trained on (docs/policy.md, "An ensemble of
 training seeds"); the mean of their logits is a vote that no single seed's mistakes decide.
 ``drl-trainer bench --checkpoint A,B,C`` measures the same ensemble without writing it.
+``--row-bias K`` gives every member a row bias of weight ``K`` (a prior on SRPT's run order,
+docs/policy.md, "An SRPT prior on the default's members").
 ``--evaluate`` scores the ensemble as ``drl-trainer train`` scores a checkpoint at its end (the
 first member's training and held-out settings, evaluation streams, teachers and baselines, read
 from its manifest) and records it as the ensemble's ``evaluation``, so the figures of the
@@ -27,12 +29,17 @@ from typing import Any
 
 from policy.catalogue import PACKAGED_CATALOGUES, load_catalogue
 from policy.checkpoint import Checkpoint, load_checkpoint, save_ensemble
+from policy.errors import CheckpointError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoints", nargs="+", help="two or more checkpoint folders (the first decides settings)")
     parser.add_argument("--out", required=True, help="folder to write the ensemble checkpoint to")
     parser.add_argument("--name", default="ensemble", help="name prefix of the ensemble's version")
+    parser.add_argument("--row-bias", type=float, default=None, metavar="K",
+                        help="give every member a row bias of weight K (a prior on SRPT's run order, added to "
+                             "every pair logit of a row: K x run_work_left_ratio; negative: the run with the "
+                             "least work left first), its other weights unchanged")
     parser.add_argument("--evaluate", action="store_true",
                         help="score the ensemble on its first member's training and held-out settings, as "
                              "drl-trainer train does at its end, and record it in the manifest")
@@ -62,11 +69,26 @@ def evaluation_of(members: Sequence[Checkpoint]) -> dict[str, Any]:
                             members=[c.model for c in members[1:]])
 
 
+def with_row_bias(c: Checkpoint, k: float) -> Checkpoint:
+    """``c`` with a row bias of weight ``k`` (:meth:`policy.model.PlacementGNN.with_row_bias`); its
+    version says so (``+row<k>``) and its training record keeps the weight (``row_bias_prior``)."""
+    try:
+        model = c.model.with_row_bias(k)
+    except (ValueError, CheckpointError) as exc:
+        raise SystemExit(f"error: {c.path}: {exc}") from None
+    manifest = {**c.manifest, "version": f"{c.version}+row{k:g}",
+                "training": {**(c.manifest.get("training") or {}), "row_bias_prior": k}}
+    return Checkpoint(model.eval(), manifest, c.path)
+
+
 def run(args: argparse.Namespace) -> int:
     members = [load_checkpoint(p) for p in args.checkpoints]
+    if args.row_bias is not None:
+        members = [with_row_bias(c, args.row_bias) for c in members]
     evaluation = evaluation_of(members) if args.evaluate else None
+    extra = ["--row-bias", f"{args.row_bias:g}"] if args.row_bias is not None else []
     path = save_ensemble(members, args.out, name=args.name, evaluation=evaluation,
                          command=shlex.join(["drl-trainer", "ensemble", *args.checkpoints, "--out", args.out,
-                                             "--name", args.name, *(["--evaluate"] if args.evaluate else [])]))
+                                             "--name", args.name, *extra, *(["--evaluate"] if args.evaluate else [])]))
     print(f"wrote {path.parent} ({len(members)} members: {', '.join(c.version for c in members)})")
     return 0

@@ -143,6 +143,8 @@ class Args:
     #: 1: a learned weight on SRPT's key (``run_work_left_ratio``) added to every pair logit of
     #: its row, a direct path for the run order (``policy.model.ModelConfig.row_bias``); 0 = off
     row_bias: int = 0
+    #: the row bias's weight ``k`` at the start (with ``row_bias``); negative: SRPT's run first
+    row_bias_init: float = 0.0
     #: feature schema the new model reads (an older one reads its leading ready columns; the
     #: default is this code's newest)
     feature_schema: int = FEATURE_SCHEMA_VERSION
@@ -219,6 +221,8 @@ class Args:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
         if self.row_bias not in (0, 1):
             raise ValueError(f"row_bias must be 0 or 1, got {self.row_bias!r}")
+        if not math.isfinite(self.row_bias_init) or (self.row_bias_init and not self.row_bias):
+            raise ValueError(f"row_bias_init needs --row-bias 1 and a finite value, got {self.row_bias_init!r}")
         if self.feature_schema not in READY_COLUMNS:
             raise ValueError(f"feature_schema must be one of {sorted(READY_COLUMNS)}, got {self.feature_schema!r}")
         if self.reserve_busy not in (0, 1):
@@ -612,6 +616,9 @@ def train(args: Args) -> dict[str, Any]:
     else:
         model = PlacementGNN(ModelConfig(hidden=args.hidden, layers=args.layers, row_bias=bool(args.row_bias)),
                              args.feature_schema)
+        if args.row_bias:
+            with torch.no_grad():
+                model.row_k.fill_(args.row_bias_init)
     global_step, train_s = imitate(model, settings, catalogue, args, rng, record, t_start)
     rl: dict[str, Any] = {}
     if args.rl_iters:

@@ -239,11 +239,11 @@ def test_a_row_bias_round_trips_and_older_configs_stay_as_written(tmp_path: Path
     torch.manual_seed(4)
     model = PlacementGNN(ModelConfig(hidden=8, layers=1, row_bias=True), schema_version=4)
     with torch.no_grad():
-        model.row_theta.fill_(-0.7)
+        model.row_k.fill_(-2.5)
     save_checkpoint(model, tmp_path / "rb")
     manifest = read_manifest(tmp_path / "rb")
     assert manifest["model"] == {"hidden": 8, "layers": 1, "row_bias": True}
-    assert manifest["parameters"]["row_theta"] == [1]
+    assert manifest["parameters"]["row_k"] == [1]
     loaded = load_checkpoint(tmp_path / "rb").model
     x = torch.rand(5, READY_COLUMNS[4])
     assert torch.equal(loaded.row_bias(x), model.row_bias(x)) and float(loaded.row_bias(x).abs().sum()) > 0

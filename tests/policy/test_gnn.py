@@ -24,12 +24,12 @@ from policy.schema import Decision, ReadyTask
 
 def _placer(row_bias: bool = False, **kw: object) -> GNNPlacer:
     """An untrained placer; with ``row_bias`` a model whose row bias prefers the run with the
-    least work left (``k`` about -1.85 per unit of ``run_work_left_ratio``)."""
+    least work left (``k = -2`` per unit of ``run_work_left_ratio``)."""
     torch.manual_seed(0)
     model = PlacementGNN(ModelConfig(row_bias=row_bias))
     if row_bias:
         with torch.no_grad():
-            model.row_theta.fill_(-0.5)
+            model.row_k.fill_(-2.0)
     return GNNPlacer(model, **kw)  # type: ignore[arg-type]
 
 
@@ -114,21 +114,21 @@ def test_the_row_bias_orders_runs_by_work_left_and_folds_exactly() -> None:
     assert ratio.min() == 0 and ratio.max() > 0.5  # the runs differ in work left
     with_bias = _placer(True, allow_wait=False)
     plain = GNNPlacer(PlacementGNN(ModelConfig()), allow_wait=False)
-    plain.model.load_state_dict({k: v for k, v in with_bias.model.state_dict().items() if k != "row_theta"})
+    plain.model.load_state_dict({k: v for k, v in with_bias.model.state_dict().items() if k != "row_k"})
     bt = collate([fb])
-    k = float(4.0 * torch.tanh(torch.tensor(-0.5)))
+    k = -2.0
     with torch.no_grad():
         shift = with_bias.model(bt)[0] - plain.model(bt)[0]
     keep = bt.mask | ~bt.mask.any(dim=1, keepdim=True)
     np.testing.assert_allclose(shift[keep].numpy(), np.broadcast_to(k * ratio[:, None], keep.shape)[keep.numpy()],
                                atol=1e-5)
     with torch.no_grad():
-        with_bias.model.row_theta.fill_(-3.0)  # k = -3.98: a strong preference for SRPT's run
+        with_bias.model.row_k.fill_(-40.0)  # clamped to -32: a strong preference for SRPT's run
     with_bias.clear_cache()
     first = with_bias._decode_features(with_bias.features(req, graphs), 0.0).placed_order[0]
     assert ratio[first] == 0
     with torch.no_grad():
-        with_bias.model.row_theta.fill_(3.0)  # and the other way round
+        with_bias.model.row_k.fill_(20.0)  # and the other way round
     with_bias.clear_cache()
     assert ratio[with_bias._decode_features(with_bias.features(req, graphs), 0.0).placed_order[0]] > 0
 
@@ -592,7 +592,7 @@ def test_an_ensemble_decides_on_its_members_mean_logits(reserve_busy: bool, kern
     torch.manual_seed(7)
     b = GNNPlacer(PlacementGNN(ModelConfig(hidden=16, row_bias=True)), reserve_busy=reserve_busy, step_kernel=kernel)
     with torch.no_grad():
-        b.model.row_theta.fill_(-0.5)  # a member with a row bias: its unit stacks with the others
+        b.model.row_k.fill_(-2.0)  # a member with a row bias: its unit stacks with the others
     b.clear_cache()
 
     def ens(x: GNNPlacer, y: GNNPlacer, **kw: object) -> GNNPlacer:

@@ -56,3 +56,24 @@ def test_an_ensemble_of_members_without_training_settings_is_not_evaluated(tmp_p
     assert main(["ensemble", *members, "--out", str(tmp_path / "ens")]) == 0  # not evaluated: written
     assert load_checkpoint(tmp_path / "ens").manifest["evaluation"] == {}
 
+
+
+def test_a_row_bias_prior_is_given_to_every_member(tmp_path: Path) -> None:
+    """``--row-bias K``: every member gains a row bias of weight K and keeps its other weights;
+    the member versions and training records say so, and so does the command; a weight outside
+    the bias's range is refused before anything is written."""
+    members = _members(tmp_path, TRAINING)
+    assert main(["ensemble", *members, "--out", str(tmp_path / "ens"), "--row-bias", "-12"]) == 0
+    ens = load_checkpoint(tmp_path / "ens")
+    plain = [load_checkpoint(p) for p in members]
+    for model, before in zip([ens.model, *(m for _, m in ens.members)], plain, strict=True):
+        assert model.config.row_bias and float(model.row_k[0]) == -12.0
+        state = model.state_dict()
+        assert all(torch.equal(v, state[k]) for k, v in before.model.state_dict().items())
+    listed = ens.manifest["members"]
+    assert [m["version"] for m in listed] == [f"{c.version}+row-12" for c in plain]
+    assert all(m["training"]["row_bias_prior"] == -12.0 and m["model"]["row_bias"] for m in listed)
+    assert " --row-bias -12" in ens.manifest["ensemble_command"]
+    with pytest.raises(SystemExit, match="within"):
+        main(["ensemble", *members, "--out", str(tmp_path / "bad"), "--row-bias", "-100"])
+    assert not (tmp_path / "bad").exists()
