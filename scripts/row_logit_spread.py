@@ -15,7 +15,6 @@ direct path for the run order: the row bias").
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Mapping
@@ -25,14 +24,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from srpt_replay import Replay  # noqa: E402
+from srpt_replay import Replay, parse_args, replay_stream  # noqa: E402
 
-from policy.catalogue import load_catalogue  # noqa: E402
 from policy.features import READY_FEATURES, featurize  # noqa: E402
 from policy.gnn import GNNPlacer  # noqa: E402
 from policy.model import collate  # noqa: E402
 from policy.schema import Decision, PlacementRequest, RunGraph  # noqa: E402
-from trainer.train import Args, make_stream, settings_from, simulate  # noqa: E402
 
 _WORK_LEFT = READY_FEATURES.index("log_run_work_left")
 
@@ -68,23 +65,14 @@ def with_row_bias(placer: GNNPlacer, k: float) -> GNNPlacer:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("checkpoint")
-    ap.add_argument("--k", type=float, default=None)
-    ap.add_argument("--workflows", default="wfcommons:seismology:200:3")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    cat = load_catalogue("policy/catalogues/gpu-affinity.yaml")
-    sim_args = Args()
-    sim_args.load, sim_args.duration_noise = 0.85, 0.3
-    jobs = make_stream(settings_from(args.workflows, 1)[0], cat, 30, args.seed, sim_args)
+    args = parse_args(__doc__, k=float)
     placer = GNNPlacer.from_checkpoint(args.checkpoint)
     if placer.members:
         raise SystemExit("an ensemble: give one of its members")
     if args.k is not None:
         placer = with_row_bias(placer, args.k)
     spread = Spread(placer)
-    res = simulate(cat, jobs, spread, args.seed, sim_args)
+    res = replay_stream(args, spread)
     r = np.array(spread.rows)
     k = float(placer.model.row_k.detach()[0]) if placer.model.config.row_bias else 0.0
     print(f"{args.checkpoint} k={k:g}: mean JCT {res['mean_jct_s']:.2f} s; {len(r)} multi-run requests; "

@@ -29,6 +29,7 @@ from feature_rule_probe import _WORK_LEFT, FeatureRule  # noqa: E402
 
 from policy.catalogue import load_catalogue  # noqa: E402
 from policy.gnn import GNNPlacer  # noqa: E402
+from policy.placement import Placer  # noqa: E402
 from policy.schema import Decision, PlacementRequest, RunGraph  # noqa: E402
 from trainer.train import Args, make_stream, settings_from, simulate  # noqa: E402
 
@@ -63,18 +64,30 @@ class Replay:
         return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_args(doc: str, **extra: type) -> argparse.Namespace:
+    """``CHECKPOINT [--workflows W] [--seed S]`` and ``extra`` options (``--name``: type, default None)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("checkpoint")
+    for name, kind in extra.items():
+        ap.add_argument(f"--{name}", type=kind, default=None)
     ap.add_argument("--workflows", default="wfcommons:seismology:200:3")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def replay_stream(args: argparse.Namespace, placer: Placer) -> dict[str, float]:
+    """Simulate ``args``'s stream (see the module docstring) placed by ``placer``."""
     cat = load_catalogue("policy/catalogues/gpu-affinity.yaml")
     sim_args = Args()
     sim_args.load, sim_args.duration_noise = 0.85, 0.3
     jobs = make_stream(settings_from(args.workflows, 1)[0], cat, 30, args.seed, sim_args)
+    return simulate(cat, jobs, placer, args.seed, sim_args)
+
+
+def main() -> None:
+    args = parse_args(__doc__)
     replay = Replay(GNNPlacer.from_checkpoint(args.checkpoint))
-    res = simulate(cat, jobs, replay, args.seed, sim_args)
+    res = replay_stream(args, replay)
     c = replay.counts
     multi = max(c["multi-run requests"], 1)
     print(f"mean JCT {res['mean_jct_s']:.1f} s; same pool {c['same pool']} / both sent {c['both sent']}; "
