@@ -67,7 +67,7 @@ def test_a_row_bias_prior_is_given_to_every_member(tmp_path: Path) -> None:
     ens = load_checkpoint(tmp_path / "ens")
     plain = [load_checkpoint(p) for p in members]
     for model, before in zip([ens.model, *(m for _, m in ens.members)], plain, strict=True):
-        assert model.config.row_bias and float(model.row_k[0]) == -12.0
+        assert model.config.row_bias and float(model.row_k.detach()[0]) == -12.0
         state = model.state_dict()
         assert all(torch.equal(v, state[k]) for k, v in before.model.state_dict().items())
     listed = ens.manifest["members"]
