@@ -48,7 +48,7 @@ collated batch, ``P`` pools, ``H`` hidden)::
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
@@ -424,8 +424,7 @@ class PlacementGNN(nn.Module):
         SRPT's run order for a model trained without one; ``drl-trainer ensemble --row-bias``)."""
         if not math.isfinite(k) or abs(k) > ROW_BIAS_MAX:
             raise ValueError(f"a row bias's weight must be within +-{ROW_BIAS_MAX:g}, got {k!r}")
-        cfg = self.config
-        model = PlacementGNN(ModelConfig(cfg.hidden, cfg.layers, row_bias=True), self.schema_version)
+        model = PlacementGNN(replace(self.config, row_bias=True), self.schema_version)
         state = self.state_dict()
         state["row_k"] = state["head_out.bias"].new_tensor([k])
         model.load_state_dict(state)
@@ -447,7 +446,7 @@ class PlacementGNN(nn.Module):
         b = self.pool_part(q, g)
         if not self.config.row_bias:
             return b, g
-        return tuple(torch.cat([t, t.new_zeros(t.shape[:-1] + (1,))], dim=-1) for t in (b, g))  # type: ignore[return-value]
+        return _unit(b), _unit(g)
 
     def head_weights(self) -> dict[str, Tensor]:
         """The pair head and the stop MLP over :meth:`task_side` / :meth:`pool_side`'s ``H'``
@@ -461,8 +460,8 @@ class PlacementGNN(nn.Module):
         b: Tensor = self.head_out.bias
         if self.config.row_bias:
             h = self.config.hidden
-            c_t = torch.cat([c_t, c_t.new_zeros(c_t.shape[0], 1)], dim=1)
-            w = torch.cat([w, w.new_ones(1)])
+            c_t = _unit(c_t)
+            w = _unit(w, 1.0)
             b = b - ROW_BIAS_OFFSET
             zero = s0_w.new_zeros(1, s0_w.shape[1])
             s0_w = torch.cat([s0_w[:h], zero, s0_w[h:], zero])
@@ -525,6 +524,11 @@ class PlacementGNN(nn.Module):
         pooled = scatter(a, bt.ready_sample, dim=0, dim_size=bt.num_samples, reduce="mean")
         value = self.value(torch.cat([pooled, g], dim=-1)).squeeze(-1)
         return logits, value
+
+
+def _unit(t: Tensor, value: float = 0.0) -> Tensor:
+    """``t`` with the row bias's hidden unit appended on its last axis, filled with ``value``."""
+    return torch.cat([t, t.new_full(t.shape[:-1] + (1,), value)], dim=-1)
 
 
 def count_parameters(model: nn.Module) -> int:
