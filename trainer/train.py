@@ -71,7 +71,7 @@ from policy.features import (
     pool_free_within,
 )
 from policy.gnn import GNNPlacer
-from policy.model import ModelConfig, PlacementGNN, Step, collate_steps, upgraded
+from policy.model import ROW_BIAS_MAX, ModelConfig, PlacementGNN, Step, collate_steps, upgraded
 from policy.placement import Placer
 from policy.schema import Decision, PlacementRequest, RunGraph
 from trainer.baselines import make_placer
@@ -142,9 +142,14 @@ class Args:
     layers: int = 3
     #: 1: a learned weight on SRPT's key (``run_work_left_ratio``) added to every pair logit of
     #: its row, a direct path for the run order (``policy.model.ModelConfig.row_bias``); 0 = off
+    #: (an ``--init`` model keeps its own); with ``--init``, its model gains one (or has its own
+    #: reset) at ``row_bias_init`` and keeps its other weights
     row_bias: int = 0
     #: the row bias's weight ``k`` at the start (with ``row_bias``); negative: SRPT's run first
     row_bias_init: float = 0.0
+    #: 1: the row bias's weight stays at ``row_bias_init`` (a prior the other weights train
+    #: around); 0: it is learned
+    row_bias_fixed: int = 0
     #: feature schema the new model reads (an older one reads its leading ready columns; the
     #: default is this code's newest)
     feature_schema: int = FEATURE_SCHEMA_VERSION
@@ -223,6 +228,10 @@ class Args:
             raise ValueError(f"row_bias must be 0 or 1, got {self.row_bias!r}")
         if not math.isfinite(self.row_bias_init) or (self.row_bias_init and not self.row_bias):
             raise ValueError(f"row_bias_init needs --row-bias 1 and a finite value, got {self.row_bias_init!r}")
+        if self.row_bias_fixed not in (0, 1) or (self.row_bias_fixed and not self.row_bias):
+            raise ValueError(f"row_bias_fixed must be 0 or 1 and needs --row-bias 1, got {self.row_bias_fixed!r}")
+        if abs(self.row_bias_init) > ROW_BIAS_MAX:
+            raise ValueError(f"row_bias_init must be within +-{ROW_BIAS_MAX:g}, got {self.row_bias_init!r}")
         if self.feature_schema not in READY_COLUMNS:
             raise ValueError(f"feature_schema must be one of {sorted(READY_COLUMNS)}, got {self.feature_schema!r}")
         if self.reserve_busy not in (0, 1):
@@ -614,11 +623,10 @@ def train(args: Args) -> dict[str, Any]:
     if ckpt is not None:
         model, init_version = upgraded(ckpt.model), ckpt.version  # an older schema gains the new columns
     else:
-        model = PlacementGNN(ModelConfig(hidden=args.hidden, layers=args.layers, row_bias=bool(args.row_bias)),
-                             args.feature_schema)
-        if args.row_bias:
-            with torch.no_grad():
-                model.row_k.fill_(args.row_bias_init)
+        model = PlacementGNN(ModelConfig(hidden=args.hidden, layers=args.layers), args.feature_schema)
+    if args.row_bias:  # a new model's, or one given to --init's model (which keeps its other weights)
+        model = model.with_row_bias(args.row_bias_init)
+        model.row_k.requires_grad_(not args.row_bias_fixed)
     global_step, train_s = imitate(model, settings, catalogue, args, rng, record, t_start)
     rl: dict[str, Any] = {}
     if args.rl_iters:

@@ -327,3 +327,33 @@ def test_teacher_streams_score_the_candidates_on_more_than_one_stream() -> None:
     assert streams[3] != streams[1]
     with pytest.raises(ValueError, match="teacher_streams must be positive"):
         Args(teacher_streams=0)
+
+
+def test_init_gains_a_row_bias_that_stays_fixed_when_asked(tmp_path: Path) -> None:
+    """``--init CK --row-bias 1 --row-bias-init K``: CK's model (without a row bias) gains one
+    at ``K`` and keeps its other weights to start from; with ``--row-bias-fixed 1`` the weight
+    is still ``K`` after training while the other weights moved, without it the weight learns."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    tiny = ["--workflows", "mlpipeline", "--heldout", "", "--teacher", "srpt+eft", "--iters", "2",
+            "--runs-start", "3", "--runs-end", "4", "--eval-runs", "2", "--eval-streams", "1", "--hidden", "8",
+            "--layers", "1", "--threads", "1", "--lr", "0.01"]
+    assert run(parser.parse_args([*tiny, "--out", str(tmp_path / "base")])) == 0
+    base = GNNPlacer.from_checkpoint(tmp_path / "base").model
+    assert not base.config.row_bias
+    ks = {}
+    for fixed in ("1", "0"):
+        out = tmp_path / f"fixed{fixed}"
+        assert run(parser.parse_args([*tiny, "--init", str(tmp_path / "base"), "--row-bias", "1",
+                                      "--row-bias-init", "-5", "--row-bias-fixed", fixed, "--out", str(out)])) == 0
+        placer = GNNPlacer.from_checkpoint(out)
+        assert placer.model.config.row_bias and placer.manifest["training"]["init_version"]
+        ks[fixed] = float(placer.model.row_k.detach()[0])
+        moved = placer.model.state_dict()["head_out.weight"] - base.state_dict()["head_out.weight"]
+        assert float(moved.abs().max()) > 0
+    assert ks["1"] == -5.0
+    assert ks["0"] != -5.0
+    with pytest.raises(ValueError, match="row_bias_fixed"):
+        Args(row_bias_fixed=1)
+    with pytest.raises(ValueError, match="within"):
+        Args(row_bias=1, row_bias_init=40.0)
