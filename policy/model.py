@@ -422,8 +422,7 @@ class PlacementGNN(nn.Module):
     def with_row_bias(self, k: float) -> PlacementGNN:
         """This model with a row bias of weight ``k`` and its other weights unchanged (a prior on
         SRPT's run order for a model trained without one; ``drl-trainer ensemble --row-bias``)."""
-        if not math.isfinite(k) or abs(k) > ROW_BIAS_MAX:
-            raise ValueError(f"a row bias's weight must be within +-{ROW_BIAS_MAX:g}, got {k!r}")
+        check_row_bias_weight(k)
         model = PlacementGNN(replace(self.config, row_bias=True), self.schema_version)
         state = self.state_dict()
         state["row_k"] = state["head_out.bias"].new_tensor([k])
@@ -524,6 +523,13 @@ class PlacementGNN(nn.Module):
         pooled = scatter(a, bt.ready_sample, dim=0, dim_size=bt.num_samples, reduce="mean")
         value = self.value(torch.cat([pooled, g], dim=-1)).squeeze(-1)
         return logits, value
+
+
+def check_row_bias_weight(k: float) -> None:
+    """Refuse a row bias's weight that is not finite or outside ``+-ROW_BIAS_MAX`` (where the
+    clamp, and so the fold into one hidden unit, would change it)."""
+    if not math.isfinite(k) or abs(k) > ROW_BIAS_MAX:
+        raise ValueError(f"a row bias's weight must be within +-{ROW_BIAS_MAX:g}, got {k!r}")
 
 
 def _unit(t: Tensor, value: float = 0.0) -> Tensor:

@@ -71,7 +71,7 @@ from policy.features import (
     pool_free_within,
 )
 from policy.gnn import GNNPlacer
-from policy.model import ROW_BIAS_MAX, ModelConfig, PlacementGNN, Step, collate_steps, upgraded
+from policy.model import ModelConfig, PlacementGNN, Step, check_row_bias_weight, collate_steps, upgraded
 from policy.placement import Placer
 from policy.schema import Decision, PlacementRequest, RunGraph
 from trainer.baselines import make_placer
@@ -230,8 +230,7 @@ class Args:
             raise ValueError(f"row_bias_init needs --row-bias 1 and a finite value, got {self.row_bias_init!r}")
         if self.row_bias_fixed not in (0, 1) or (self.row_bias_fixed and not self.row_bias):
             raise ValueError(f"row_bias_fixed must be 0 or 1 and needs --row-bias 1, got {self.row_bias_fixed!r}")
-        if abs(self.row_bias_init) > ROW_BIAS_MAX:
-            raise ValueError(f"row_bias_init must be within +-{ROW_BIAS_MAX:g}, got {self.row_bias_init!r}")
+        check_row_bias_weight(self.row_bias_init)  # refused here, before any work, as train() would
         if self.feature_schema not in READY_COLUMNS:
             raise ValueError(f"feature_schema must be one of {sorted(READY_COLUMNS)}, got {self.feature_schema!r}")
         if self.reserve_busy not in (0, 1):
