@@ -27,7 +27,7 @@ from policy.schema import (
     dumps,
     loads_json,
 )
-from policy.transport import PAYLOAD_FIELD, STREAM_MAXLEN, Keys
+from policy.transport import PAYLOAD_FIELD, STREAM_MAXLEN, Keys, tls_options
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,7 @@ class PlacementClient:
         redis_url: str,
         *,
         prefix: str = "drl",
+        ca_cert: str | None = None,
         timeout_ms: int = 200,
         stale_after_s: float = 15.0,
         backoff_max_s: float = 30.0,
@@ -71,6 +72,7 @@ class PlacementClient:
             socket_timeout=self.timeout_s + 0.5,
             socket_connect_timeout=min(1.0, self.timeout_s + 0.1),
             health_check_interval=30,
+            **tls_options(redis_url, ca_cert),
         )
         self._sent: OrderedDict[str, str] = OrderedDict()
         self._remembered_runs = remembered_runs

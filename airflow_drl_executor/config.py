@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol
 
+from policy.transport import check_ca_cert
+
 SECTION = "drl_executor"
 
 
@@ -25,6 +27,12 @@ OPTIONS: dict[str, tuple[str, str | None, str]] = {
         "string",
         "redis://127.0.0.1:6379/0",
         "Redis URL of the placement queues (redis:// or rediss://, with password or ACL user).",
+    ),
+    "redis_ca_cert": (
+        "string",
+        None,
+        "CA bundle (PEM file) that verifies the Redis server's certificate when redis_url is "
+        "rediss:// (a private CA). Default: the system's trust store. Refused with redis://.",
     ),
     "key_prefix": ("string", "drl", "Prefix of every Redis key the executor and the policy server use."),
     "catalogue": (
@@ -83,6 +91,7 @@ class ExecutorConfig:
     """Validated ``[drl_executor]`` options (see :data:`OPTIONS` for each one's meaning)."""
 
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_ca_cert: str = ""
     key_prefix: str = "drl"
     catalogue: str = ""
     decision_timeout_ms: int = 200
@@ -97,6 +106,10 @@ class ExecutorConfig:
         if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"[{SECTION}] redis_url must start with redis://, rediss:// or unix://, "
                              f"got {self.redis_url!r}")
+        try:
+            check_ca_cert(self.redis_url, self.redis_ca_cert)
+        except ValueError as exc:
+            raise ValueError(f"[{SECTION}] redis_ca_cert: {exc}") from None
         if not self.key_prefix or ":" in self.key_prefix:
             raise ValueError(f"[{SECTION}] key_prefix must be non-empty without ':', got {self.key_prefix!r}")
         if not 1 <= self.decision_timeout_ms <= 10_000:

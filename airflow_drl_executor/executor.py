@@ -77,6 +77,7 @@ class DRLExecutor(CeleryExecutor):
         self._client = PlacementClient(
             cfg.redis_url,
             prefix=cfg.key_prefix,
+            ca_cert=cfg.redis_ca_cert or None,
             timeout_ms=cfg.decision_timeout_ms,
             stale_after_s=cfg.server_stale_after_s,
             backoff_max_s=cfg.reconnect_backoff_max_s,

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from policy.errors import PolicyError
 from policy.features import HOLD_RATIO, check_gate_scope, check_hold_ratio, check_premium_ratio
-from policy.transport import DEFAULT_PREFIX
+from policy.transport import DEFAULT_PREFIX, check_ca_cert
 
 ENV_PREFIX = "DRL_POLICY_"
 PLACERS = ("auto", "eft", "gnn")
@@ -45,7 +45,8 @@ class ServerConfig:
     prefix: str = DEFAULT_PREFIX
     #: This replica's consumer name in the group (unique per replica; default ``host-pid``).
     consumer: str = field(default_factory=_default_consumer)
-    #: CA bundle for ``rediss://`` (None: the system's trust store).
+    #: CA bundle (PEM) that verifies the Redis server's certificate of a ``rediss://`` URL
+    #: (None: the system's trust store); refused with a ``redis://`` URL.
     redis_ca_cert: str | None = None
     #: ``eft`` (the earliest-finish heuristic), ``gnn`` (the model named by the registry) or
     #: ``auto`` (the model when the registry names one that loads, else ``eft``).
@@ -128,6 +129,10 @@ class ServerConfig:
         scheme = urlsplit(self.redis_url).scheme
         if scheme not in ("redis", "rediss", "unix"):
             raise ConfigError(f"redis_url: scheme must be redis, rediss or unix, got {scheme!r}")
+        try:
+            check_ca_cert(self.redis_url, self.redis_ca_cert)
+        except ValueError as exc:
+            raise ConfigError(f"redis_ca_cert: {exc}") from None
         if not self.prefix or any(c.isspace() for c in self.prefix):
             raise ConfigError(f"prefix: expected a non-empty word, got {self.prefix!r}")
         if not self.consumer:

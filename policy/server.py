@@ -66,7 +66,7 @@ from policy.schema import (
     dumps,
     loads_json,
 )
-from policy.transport import PAYLOAD_FIELD, REPLY_TTL_S, Keys
+from policy.transport import PAYLOAD_FIELD, REPLY_TTL_S, Keys, tls_options
 
 log = logging.getLogger(__name__)
 
@@ -247,8 +247,7 @@ class PolicyServer:
             "socket_timeout": self.config.block_ms / 1000 + 5.0,
             "socket_keepalive": True,
         }
-        if self.config.redis_url.startswith("rediss://") and self.config.redis_ca_cert:
-            kwargs["ssl_ca_certs"] = self.config.redis_ca_cert
+        kwargs.update(tls_options(self.config.redis_url, self.config.redis_ca_cert))
         r = redis.Redis.from_url(self.config.redis_url, **kwargs)
         r.ping()
         try:

@@ -8,7 +8,9 @@ client has given up.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from typing import Any
 
 DEFAULT_PREFIX = "drl"
 
@@ -45,3 +47,24 @@ PAYLOAD_FIELD = "payload"
 REPLY_TTL_S = 30
 #: Approximate maximum length of the request stream (XADD MAXLEN ~).
 STREAM_MAXLEN = 100_000
+
+
+def check_ca_cert(redis_url: str, ca_cert: str | None) -> None:
+    """Refuse a CA bundle that would be ignored or cannot be read (ValueError naming it).
+
+    The bundle verifies the server's certificate of a ``rediss://`` URL (a private CA, as a
+    self-hosted Redis with TLS has); with ``redis://`` there is no TLS to verify, so the setting
+    is a mistake worth stopping for rather than a silent plain-text connection.
+    """
+    if not ca_cert:
+        return
+    if not redis_url.startswith("rediss://"):
+        raise ValueError(f"a CA certificate ({ca_cert!r}) needs a rediss:// URL (TLS); the URL is not one")
+    if not os.path.isfile(ca_cert) or not os.access(ca_cert, os.R_OK):
+        raise ValueError(f"CA certificate {ca_cert!r} is not a readable file")
+
+
+def tls_options(redis_url: str, ca_cert: str | None) -> dict[str, Any]:
+    """``redis.Redis.from_url`` keyword arguments for TLS: the CA bundle, when one is given
+    for a ``rediss://`` URL (otherwise none: the system's trust store, or no TLS)."""
+    return {"ssl_ca_certs": ca_cert} if ca_cert and redis_url.startswith("rediss://") else {}

@@ -37,11 +37,23 @@ def test_values_are_typed() -> None:
         ("redis_url", "http://x", "redis_url"),
         ("key_prefix", "a:b", "key_prefix"),
         ("record_traces", "maybe", "expected boolean"),
+        ("redis_ca_cert", "/no/such/ca.pem", "redis_ca_cert: a CA certificate .* needs a rediss:// URL"),
     ],
 )
 def test_bad_values_name_the_option(key: str, value: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ExecutorConfig.from_conf(FakeConf({key: value}))
+
+
+def test_a_ca_certificate_is_checked_where_it_enters(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    tls = {"redis_url": "rediss://placer:pw@redis.example:6380/0"}
+    assert ExecutorConfig.from_conf(FakeConf({**tls, "redis_ca_cert": str(ca)})).redis_ca_cert == str(ca)
+    with pytest.raises(ValueError, match="not a readable file"):
+        ExecutorConfig.from_conf(FakeConf({**tls, "redis_ca_cert": str(tmp_path / "missing.pem")}))
+    with pytest.raises(ValueError, match="needs a rediss:// URL"):  # TLS asked for, plain text configured
+        ExecutorConfig.from_conf(FakeConf({"redis_url": "redis://redis.example:6379/0", "redis_ca_cert": str(ca)}))
 
 
 def test_provider_declares_every_option_and_a_cli() -> None:
