@@ -21,3 +21,8 @@ class NoFeasiblePool(PolicyError):
 
 class CheckpointError(PolicyError):
     """A checkpoint or registry manifest is missing, tampered with or does not match the code."""
+
+
+class ModelOutputError(PolicyError):
+    """The model's output for a request is not finite (an input far outside what it was trained
+    on, e.g. a price of 1e308/h); the arbiter then places that request by the fallback heuristic."""

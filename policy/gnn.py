@@ -73,6 +73,7 @@ from policy import step_kernel as step_kernel_mod
 from policy.batch_decoder import compiled_steps, decode_greedy, row_evidence, softmax_rows, upload
 from policy.checkpoint import Checkpoint, load_checkpoint
 from policy.config import STEP_KERNELS
+from policy.errors import ModelOutputError
 from policy.features import (
     CP_GATE,
     CP_GATE_SCOPE,
@@ -504,8 +505,12 @@ class GNNPlacer:
         fb = dec.batch
         rows = np.asarray(order, dtype=np.int64)
         reasons = explain_rows(dec, rows) if self.explain else [""] * len(rows)
+        chosen = dec.probs[rows, dec.actions[rows]]
+        if not np.isfinite(chosen).all():  # argmax over NaN picks a pool at random: refuse instead
+            raise ModelOutputError(f"the model's probabilities are not finite for {len(rows)} ready task(s) "
+                                   "(an input far outside the training range?)")
         choices = dec.actions[rows].tolist()
-        scores = dec.probs[rows, dec.actions[rows]].tolist()
+        scores = chosen.tolist()
         fits = np.asarray(fb.mask[rows].any(axis=1)).tolist()
         gated = fb.pairs.gated
         out: list[Decision] = []

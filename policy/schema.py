@@ -442,10 +442,13 @@ class PoolState:
         where = f"{where}[{name}]"
         affinity = obj.get("affinity") or {}
         if not isinstance(affinity, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf
             for k, v in affinity.items()
         ):
-            raise SchemaError(f"{where}.affinity: expected {{kind: speed-up > 0}}, got {affinity!r}")
+            raise SchemaError(f"{where}.affinity: expected {{kind: finite speed-up > 0}}, got {affinity!r}")
+        failure_rate = _num(obj, "failure_rate", where, default=0.0)
+        if failure_rate > 1.0:
+            raise SchemaError(f"{where}.failure_rate: a share of tries, must be <= 1, got {failure_rate!r}")
         up = obj.get("up", True)
         if not isinstance(up, bool):
             raise SchemaError(f"{where}.up: expected a boolean, got {up!r}")
@@ -461,7 +464,7 @@ class PoolState:
             busy=_int(obj, "busy", where, default=0),
             queued=_int(obj, "queued", where, default=0),
             up=up,
-            failure_rate=_num(obj, "failure_rate", where, default=0.0),
+            failure_rate=failure_rate,
             affinity={k: float(v) for k, v in affinity.items()},
             max_slots=None if obj.get("max_slots") is None else _int(obj, "max_slots", where),
             boot_s=_num(obj, "boot_s", where, default=0.0),
