@@ -161,6 +161,7 @@ def test_pool_numbers_outside_their_domain_are_refused(server: PolicyServer, val
     assert code == "bad_request" and field in error, error
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in multiply:RuntimeWarning")  # the point of the test
 def test_a_model_output_that_is_not_finite_is_placed_by_the_fallback(server: PolicyServer) -> None:
     """A finite but absurd price (1e308 per hour) overflows the GNN's cost features; its argmax
     over NaN would pick pools at random. The model refuses, and the heuristic places the request."""
