@@ -74,7 +74,7 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TLSRedis]:
     exe = shutil.which("redis-server")
     if exe is None:  # the harness installs it; say so loudly if it did not
         pytest.fail("redis-server is not installed (apt-get install redis-server)")
-    folder = tmp_path_factory.mktemp("q-redis")
+    folder = tmp_path_factory.mktemp("tls-redis")
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     ca = _cert("drl test CA", ca_key, None, ca_key, ca=True)
     server = _cert("localhost", key, ca.subject, ca_key, ca=False)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -26,7 +27,7 @@ from hypothesis import strategies as st
 from server_helpers import chain, request
 
 from policy.config import ServerConfig
-from policy.schema import PlacementRequest, RunGraph, RunProgress, RunRef, TaskNode, dumps
+from policy.schema import RunGraph, RunProgress, RunRef, TaskNode, dumps
 from policy.server import PolicyServer
 
 #: None: a good reply; "late": dropped unanswered, as a request past its deadline is (a mutated
@@ -37,22 +38,21 @@ NASTY: list[Any] = [None, True, False, 0, -1, 1, -1e308, 1e308, math.inf, -math.
                     "", "x" * 300, "\x00", [], {}, [[]], {"a": {}}, [1, "a", None], 0.5, -0.5]
 
 
+REF = chain("d/ref", 4)  # the run sent by reference, cached in the server
+
+
 def _base() -> dict[str, Any]:
-    """A valid request's JSON: one run sent in full, one by reference (cached below), progress."""
+    """A valid request's JSON: one run sent in full, one by reference (``REF``), progress."""
     g = RunGraph("d/full", (TaskNode("a", duration_s=10, cpus=2, memory_gb=4),
                             TaskNode("b", duration_s=5, gpus=1, kind="gpu_train"),
                             TaskNode("c", duration_s=1)), ((0, 1), (0, 2)))
-    ref = chain("d/ref", 4)
-    req = request([g, RunRef(ref.run_key, ref.digest)], [("d/full", "a"), ("d/ref", "t0"), ("d/ref", "t1")],
+    req = request([g, RunRef(REF.run_key, REF.digest)], [("d/full", "a"), ("d/ref", "t0"), ("d/ref", "t1")],
                   deadline_ms=60_000, created_at=0)  # created_at 0: never late, however slow the test
-    req = PlacementRequest(req.request_id, req.ready, req.pools, req.runs, created_at=req.created_at,
-                           deadline_ms=req.deadline_ms,
-                           progress=(RunProgress("d/ref", finished=("t0",), running=("t2",), age_s=30.0),))
+    req = replace(req, progress=(RunProgress("d/ref", finished=("t0",), running=("t2",), age_s=30.0),))
     return json.loads(dumps(req))
 
 
 BASE = _base()
-REF = chain("d/ref", 4)
 
 
 def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
