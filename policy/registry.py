@@ -12,6 +12,11 @@ checks the hash (when given), then loads the checkpoint in a background thread t
 :class:`~policy.errors.CheckpointError` on mismatch). The server swaps to the new placer between
 two batches; if anything fails, the old model keeps serving and the reason is logged and counted.
 Torch is imported only by the GNN loader, so a heuristic-only server starts without it.
+
+Each checkpoint that loads is recorded in ``<root>/last_good.json`` (same fields, plus the
+model's version). A server that starts while ``active.json`` names a checkpoint that does not
+load serves that last good one instead, and says so: a bad push survives a restart as a refusal,
+not as the loss of the learned policy.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from policy.placement import Placer
 log = logging.getLogger(__name__)
 
 MANIFEST = "active.json"
+#: The last checkpoint that loaded here (written by the servers; read at start-up).
+LAST_GOOD = "last_good.json"
 
 Loader = Callable[[Path, str], Placer]
 
@@ -71,18 +78,22 @@ def checkpoint_sha256(path: Path) -> str:
 def activate(root: str | Path, checkpoint: str | Path, *, sha256: str | None = None,
              note: str = "") -> Path:
     """Point the registry at ``checkpoint`` (atomic rename; servers pick it up on their next poll)."""
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     doc: dict[str, str] = {"checkpoint": str(checkpoint)}
     if sha256:
         doc["sha256"] = sha256
     if note:
         doc["note"] = note
-    fd, tmp = tempfile.mkstemp(dir=root, prefix=".active.", suffix=".json")
+    return _write_json(Path(root), MANIFEST, doc)
+
+
+def _write_json(root: Path, name: str, doc: dict[str, str]) -> Path:
+    """Write ``root/name`` by an atomic rename, so a reader never sees half a file."""
+    root.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{Path(name).stem}.", suffix=".json")
     with os.fdopen(fd, "w") as fh:
         json.dump(doc, fh)
-    os.replace(tmp, root / MANIFEST)
-    return root / MANIFEST
+    os.replace(tmp, root / name)
+    return root / name
 
 
 #: The checkpoint shipped with the package (trained by the command in its manifest).
@@ -163,18 +174,56 @@ class ModelRegistry:
     def load_now(self) -> LoadedModel | None:
         """Synchronously load what the manifest names (at start-up); None if there is no manifest.
 
-        Raises :class:`CheckpointError` when the manifest or the checkpoint is bad.
+        When the manifest or its checkpoint is bad, the last checkpoint that loaded here
+        (``last_good.json``) is loaded instead, the refusal logged and counted; with none that
+        loads, the manifest's :class:`CheckpointError` is raised.
         """
         try:
             st = self.manifest.stat()
             self._seen = (st.st_mtime_ns, st.st_size)
         except FileNotFoundError:
             return None
-        spec = self._read_manifest()
-        if spec is None:
+        try:
+            spec = self._read_manifest()
+            if spec is None:
+                return None
+            self._current = f"{spec[0]}#{spec[1]}"  # accepted or refused: not retried until it changes
+            return self._remember(self._load(*spec))
+        except CheckpointError as exc:
+            model = self._load_last_good(exc)
+            if model is None:
+                raise
+            return model
+
+    def _load_last_good(self, refused: CheckpointError) -> LoadedModel | None:
+        try:
+            doc = json.loads((self.root / LAST_GOOD).read_text())
+            path, sha = Path(doc["checkpoint"]), str(doc["sha256"])
+        except FileNotFoundError:
             return None
-        self._current = f"{spec[0]}#{spec[1]}"  # accepted or refused: not retried until it changes
-        return self._load(*spec)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("model registry: %s unreadable (%s); not used", self.root / LAST_GOOD, exc)
+            return None
+        if self._current == f"{path}#{sha}":
+            return None  # the active checkpoint is the last good one: it failed itself
+        try:
+            model = self._load(path, sha)
+        except Exception as exc:  # noqa: BLE001 - the manifest's refusal is what gets raised
+            log.warning("model registry: the last good checkpoint %s does not load either: %s", path, exc)
+            return None
+        log.error("model registry: refused %s; serving the last good checkpoint %s (%s) until the "
+                  "manifest names one that loads", refused, path, model.version)
+        self.on_failure(str(refused))
+        return model
+
+    def _remember(self, model: LoadedModel) -> LoadedModel:
+        """Record ``model`` as the last good checkpoint (best effort: a read-only registry serves on)."""
+        doc = {"checkpoint": model.checkpoint, "sha256": model.sha256, "version": model.version}
+        try:
+            _write_json(self.root, LAST_GOOD, doc)
+        except OSError as exc:
+            log.warning("model registry: cannot record the last good checkpoint in %s: %s", self.root, exc)
+        return model
 
     def poll(self) -> LoadedModel | None:
         """A newly loaded model to swap in, or None. Cheap: one ``stat`` every ``poll_s``."""
@@ -260,7 +309,7 @@ class ModelRegistry:
             self._refuse(f"{path}: {type(exc).__name__}: {exc}")
             return
         with self._lock:
-            self._ready = model
+            self._ready = self._remember(model)
 
     def _refuse(self, reason: str) -> None:
         log.error("model registry: refused, keeping the current model: %s", reason)

@@ -15,10 +15,12 @@ with the durations observed in production). Steps:
    fine-tuned members (saved under ``members/`` in the candidate's folder).
 3. Candidate and incumbent are simulated on the same held-out streams, and on the seed families
    as a guard against forgetting. The candidate is **promoted** (saved under
-   ``<registry>/candidates/`` and activated, so the policy servers hot-reload it) only if its
-   objective on the held-out runs is at least ``--min-improvement`` better than the incumbent's and
-   no guard family regresses by more than ``--max-regression``. Either way a JSON report is
-   written next to the candidate and printed.
+   ``<registry>/candidates/<name>/checkpoint/`` and activated with its content hash, so the policy
+   servers hot-reload it) only if its objective on the held-out runs is at least
+   ``--min-improvement`` better than the incumbent's and no guard family regresses by more than
+   ``--max-regression``. Either way a JSON report is written to ``<registry>/candidates/<name>/
+   report.json`` and printed: next to the checkpoint, never inside it, since the servers refuse a
+   checkpoint folder whose content no longer matches the hash the registry's manifest names.
 """
 
 from __future__ import annotations
@@ -182,16 +184,19 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
                              "teacher": training.teacher, "log": logs[-1:] or [],
                              "reserve_busy": args.reserve_busy, "premium_ratio": args.premium_ratio,
                              "cp_gate": args.cp_gate, "cp_gate_scope": args.cp_gate_scope}
+        model_dir = out / "checkpoint"
         if len(candidates) == 1:
-            save_checkpoint(candidates[0], out, training=training_manifest, evaluation={"finetune": scores})
+            save_checkpoint(candidates[0], model_dir, training=training_manifest, evaluation={"finetune": scores})
         else:  # each member is saved as one model, then the ensemble of them
-            members = [load_checkpoint(save_checkpoint(m, out / "members" / f"m{i}", training=training_manifest).parent)
+            members = [load_checkpoint(save_checkpoint(m, out / "members" / f"m{i}",
+                                                       training=training_manifest).parent)
                        for i, m in enumerate(candidates)]
-            save_ensemble(members, out, name=str(incumbent.manifest.get("name") or "ensemble"),
+            save_ensemble(members, model_dir, name=str(incumbent.manifest.get("name") or "ensemble"),
                           evaluation={"finetune": scores})
-        activate(registry, out, sha256=checkpoint_sha256(out),
+        activate(registry, model_dir, sha256=checkpoint_sha256(model_dir),
                  note=f"nightly fine-tune: {metric} {gain:+.1%} on held-out traces vs {incumbent.version}")
         report["promoted"] = True
+        report["checkpoint"] = str(model_dir)
         report["decision"] = f"promoted: held-out {metric} {gain:+.1%}, worst guard {worst:+.1%}"
     else:
         report["decision"] = (f"kept the incumbent: held-out {metric} {gain:+.1%} (need >= "

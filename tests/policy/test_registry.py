@@ -14,7 +14,7 @@ from server_helpers import ask, chain, request
 
 from policy.errors import CheckpointError
 from policy.placement import EarliestFinishPlacer
-from policy.registry import MANIFEST, ModelRegistry, activate, checkpoint_sha256
+from policy.registry import LAST_GOOD, MANIFEST, ModelRegistry, activate, checkpoint_sha256
 from policy.schema import Decision, PlacementRequest, RunGraph
 
 
@@ -115,6 +115,40 @@ def test_auto_without_a_loadable_model_serves_the_heuristic(tmp_path: Path, star
     reply = ask(rclient, request([chain("a")], [("a", "t0")]))
     assert reply is not None and reply.ok and reply.policy == "eft"
     assert rs.server.metrics.model_load_failures._value.get() == 1
+
+
+def test_a_restart_after_a_bad_push_serves_the_last_good_checkpoint(tmp_path: Path, start_server,
+                                                                     rclient: redis.Redis) -> None:
+    v1 = fake_checkpoint(tmp_path, "v1", "1")
+    activate(tmp_path, "v1", sha256=checkpoint_sha256(v1))
+    assert ModelRegistry(tmp_path, loader=fake_loader).load_now() is not None  # a first server
+    assert json.loads((tmp_path / LAST_GOOD).read_text())["checkpoint"] == str(v1)
+    # a bad push (its content no longer matches the hash), then a restart: v1 serves, refusal counted
+    v2 = fake_checkpoint(tmp_path, "v2", "2")
+    activate(tmp_path, "v2", sha256=checkpoint_sha256(v2))
+    (v2 / "report.json").write_text("{}")
+    rs = start_server(placer=None, loader=fake_loader, registry=str(tmp_path), registry_poll_s=0.05)
+    reply = ask(rclient, request([chain("lg")], [("lg", "t0")]))
+    assert reply is not None and reply.ok and (reply.policy, reply.policy_version) == ("fake", "1")
+    assert rs.server.metrics.model_load_failures._value.get() == 1
+    # the next good push is swapped in as usual and becomes the last good one
+    v3 = fake_checkpoint(tmp_path, "v3", "3")
+    activate(tmp_path, "v3", sha256=checkpoint_sha256(v3))
+    wait_for(lambda: rs.server.version == "fake:3")
+    assert json.loads((tmp_path / LAST_GOOD).read_text())["checkpoint"] == str(v3)
+
+
+def test_a_last_good_checkpoint_that_changed_is_not_served(tmp_path: Path) -> None:
+    v1 = fake_checkpoint(tmp_path, "v1", "1")
+    activate(tmp_path, "v1", sha256=checkpoint_sha256(v1))
+    ModelRegistry(tmp_path, loader=fake_loader).load_now()
+    (v1 / "weights.json").write_text(json.dumps({"version": "1b", "shape": [4, 4]}))  # changed since
+    activate(tmp_path, tmp_path / "gone")
+    with pytest.raises(CheckpointError, match="does not exist"):  # the manifest's reason, not v1's
+        ModelRegistry(tmp_path, loader=fake_loader).load_now()
+    (tmp_path / LAST_GOOD).write_text("{half")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        ModelRegistry(tmp_path, loader=fake_loader).load_now()
 
 
 def test_an_empty_registry_serves_the_packaged_default(tmp_path: Path, redis_url: str) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from policy.checkpoint import load_checkpoint, save_checkpoint
 from policy.gnn import GNNPlacer
-from policy.registry import MANIFEST, activate
+from policy.registry import MANIFEST, ModelRegistry, activate, checkpoint_sha256
 from policy.replay import ReplayRun, write_replay
 from trainer.finetune import FinetuneArgs, finetune
 from trainer.workloads import seed_dataset
@@ -46,9 +46,16 @@ def test_a_candidate_that_clears_the_gate_is_promoted(tmp_path: Path, registry: 
     report = finetune(_args(tmp_path, registry, min_improvement=-10.0))
     assert report["promoted"] and report["decision"].startswith("promoted")
     active = json.loads((registry / MANIFEST).read_text())
-    assert "candidates" in active["checkpoint"] and active["sha256"]
+    assert "candidates" in active["checkpoint"] and active["checkpoint"] == report["checkpoint"]
+    # the report sits next to the checkpoint, not in it: the hash the manifest names still holds,
+    # so the policy servers load the promoted model instead of refusing it
+    assert active["sha256"] == checkpoint_sha256(Path(active["checkpoint"]))
+    assert (Path(active["checkpoint"]).parent / "report.json").exists()
+    served = ModelRegistry(registry).load_now()
+    assert served is not None and served.sha256 == active["sha256"]
     loaded = load_checkpoint(active["checkpoint"])
     assert loaded.manifest["training"]["from"] == report["incumbent"]["version"]
+    assert served.version == f"drl:{loaded.version}"
     assert set(report["scores"]) == {"incumbent", "candidate"}
 
 
