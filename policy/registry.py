@@ -197,13 +197,13 @@ class ModelRegistry:
 
     def _load_last_good(self, refused: CheckpointError) -> LoadedModel | None:
         try:
-            doc = json.loads((self.root / LAST_GOOD).read_text())
-            path, sha = Path(doc["checkpoint"]), str(doc["sha256"])
-        except FileNotFoundError:
+            spec = self._read_spec(self.root / LAST_GOOD)
+        except CheckpointError as exc:
+            log.warning("model registry: last good checkpoint not used: %s", exc)
             return None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("model registry: %s unreadable (%s); not used", self.root / LAST_GOOD, exc)
+        if spec is None:
             return None
+        path, sha = spec
         if self._current == f"{path}#{sha}":
             return None  # the active checkpoint is the last good one: it failed itself
         try:
@@ -265,21 +265,25 @@ class ModelRegistry:
     # --- internals ---------------------------------------------------------------------------
 
     def _read_manifest(self) -> tuple[Path, str] | None:
+        return self._read_spec(self.manifest)
+
+    def _read_spec(self, file: Path) -> tuple[Path, str] | None:
+        """``(checkpoint path, sha256)`` named by ``file`` (the manifest or ``last_good.json``)."""
         try:
-            text = self.manifest.read_text()
+            text = file.read_text()
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise CheckpointError(f"{self.manifest}: cannot read: {exc}") from exc
+            raise CheckpointError(f"{file}: cannot read: {exc}") from exc
         try:
             doc = json.loads(text)
         except ValueError as exc:
-            raise CheckpointError(f"{self.manifest}: not JSON: {exc}") from exc
+            raise CheckpointError(f"{file}: not JSON: {exc}") from exc
         if not isinstance(doc, dict) or not isinstance(doc.get("checkpoint"), str):
-            raise CheckpointError(f"{self.manifest}: expected {{\"checkpoint\": path, ...}}, got {doc!r}")
+            raise CheckpointError(f"{file}: expected {{\"checkpoint\": path, ...}}, got {doc!r}")
         sha = doc.get("sha256") or ""
         if not isinstance(sha, str):
-            raise CheckpointError(f"{self.manifest}.sha256: expected a hex string, got {sha!r}")
+            raise CheckpointError(f"{file}.sha256: expected a hex string, got {sha!r}")
         path = Path(doc["checkpoint"])
         if not path.is_absolute():
             path = self.root / path

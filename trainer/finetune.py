@@ -188,8 +188,7 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
         if len(candidates) == 1:
             save_checkpoint(candidates[0], model_dir, training=training_manifest, evaluation={"finetune": scores})
         else:  # each member is saved as one model, then the ensemble of them
-            members = [load_checkpoint(save_checkpoint(m, out / "members" / f"m{i}",
-                                                       training=training_manifest).parent)
+            members = [load_checkpoint(save_checkpoint(m, out / "members" / f"m{i}", training=training_manifest).parent)
                        for i, m in enumerate(candidates)]
             save_ensemble(members, model_dir, name=str(incumbent.manifest.get("name") or "ensemble"),
                           evaluation={"finetune": scores})
