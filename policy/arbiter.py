@@ -125,15 +125,13 @@ def violation(decision: Decision, request: PlacementRequest, graph: RunGraph | N
     if not options:
         # Nothing can hold it: any live pool is as good as the heuristic's "largest" guess.
         return None if pool.up else f"pool {pool.name} is down"
-    if not pool.up:
-        return f"pool {pool.name} is down"
+    if any(p.name == pool.name for p in options):
+        return None
     if task.pool is not None and task.pool != pool.name:
         return f"task is pinned to {task.pool}"
     if not pool.fits(task):
-        return (
-            f"{pool.name} cannot hold {task.asks}"
-        )
-    return None
+        return f"{pool.name} cannot hold {task.asks}"
+    return f"pool {pool.name} is down"
 
 
 class Arbiter:

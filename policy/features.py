@@ -353,9 +353,12 @@ def pair_static(tasks: Sequence[TaskNode], pools: Sequence[PoolState], now: floa
     run_s = dur[:, None] / np.maximum(speed, 1e-3)
     price = np.array([p.price_per_hour for p in pools], dtype=np.float64)
     cost = run_s * price[None, :] / 3600.0
-    shape_mask = np.array([[p.up and p.fits(t) for p in pools] for t in shape_task], dtype=bool)
+    shape_fit = np.array([[p.fits(t) for p in pools] for t in shape_task], dtype=bool).reshape(len(shape_task), n)
+    shape_mask = shape_fit & np.array([p.up for p in pools], dtype=bool)[None, :]
+    # a task whose every usable pool is down may use those (it queues and waits: placement.feasible)
+    shape_mask |= shape_fit & ~shape_mask.any(axis=1, keepdims=True)
     shape_pin = np.array([[t.pool == p.name for p in pools] for t in shape_task], dtype=bool)
-    mask = shape_mask.reshape(len(shape_task), n)[shape_of]
+    mask = shape_mask[shape_of]
     pinned = shape_pin.reshape(len(shape_task), n)[shape_of]
     ref = mask | ~mask.any(axis=1, keepdims=True)
     big = np.where(ref, run_s, np.inf)

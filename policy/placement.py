@@ -32,8 +32,11 @@ class Placer(Protocol):
 
 
 def feasible(task: TaskNode, pools: Sequence[PoolState]) -> list[PoolState]:
-    """Pools that are up and satisfy the task's hard constraints (resources, pinning)."""
-    return [p for p in pools if p.up and p.fits(task)]
+    """Pools that satisfy the task's hard constraints (resources, pinning) and are up; when every
+    pool that satisfies them is down, those pools (the task queues there and waits for a worker:
+    a GPU task is not sent to a CPU box, nor a pinned task off its pin, because a pool is down)."""
+    fit = [p for p in pools if p.fits(task)]
+    return [p for p in fit if p.up] or fit
 
 
 def ordered_ready(
@@ -97,6 +100,8 @@ class EarliestFinishPlacer:
             reason += f"; next {scored[1][3].name} {scored[1][0]:.1f}s"
         if task.pool is not None:
             reason += f"; pinned to {task.pool}"
+        if not best.up:
+            reason += f"; {best.name} is down, the only pool that may run it: queued for its workers"
         return Decision(
             run_key=ready.run_key,
             task_id=ready.task_id,

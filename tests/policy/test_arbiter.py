@@ -146,3 +146,15 @@ def test_config_is_validated() -> None:
         ArbiterConfig(temperature=-1)
     with pytest.raises(ValueError, match="skew_threshold"):
         ArbiterConfig(skew_threshold=0)
+
+
+def test_a_down_pool_is_kept_for_the_tasks_only_it_may_run() -> None:
+    a, seen = arbiter()
+    pools = (*POOLS[:2], replace(POOLS[2], up=False))
+    out = a.decide(Fixed("gpu"), req("pinned", "light", pools=pools), {"r": GRAPH})
+    assert out[0].pool == "gpu" and out[0].reason == "fixed", "a pin outlasts its pool's outage"
+    assert out[1].pool != "gpu" and "gpu is down" in out[1].reason
+    assert seen == {"infeasible": 1}
+    # and a placer that moves the pinned task off its down pool is corrected back to it
+    out = a.decide(Fixed("big"), req("pinned", pools=pools), {"r": GRAPH})
+    assert out[0].pool == "gpu" and "pinned to gpu" in out[0].reason

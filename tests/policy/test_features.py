@@ -67,6 +67,16 @@ def test_mask_is_the_hard_constraints() -> None:
     assert fb.mask[0].all()
 
 
+def test_a_down_pool_is_masked_unless_nothing_else_may_run_the_task() -> None:
+    req, graphs = diamond_request()
+    names = [p.name for p in req.pools]
+    down = replace(req, pools=tuple(replace(p, up=p.name != "gpu") for p in req.pools))
+    fb = featurize(down, graphs)
+    # b may run elsewhere: the down gpu pool is masked; c needs a GPU: it keeps the gpu pool
+    assert fb.mask[0].tolist() == [n != "gpu" for n in names]
+    assert fb.mask[1].tolist() == [n == "gpu" for n in names]
+
+
 def test_teacher_forcing_adds_backlog() -> None:
     req, graphs = diamond_request(busy_gpu=1)  # one of two GPU slots busy
     gpu = [p.name for p in req.pools].index("gpu")

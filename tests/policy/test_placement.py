@@ -64,3 +64,20 @@ def test_cycle_is_a_schema_error() -> None:
     g = RunGraph("d/r", (TaskNode("a"), TaskNode("b")), ((0, 1), (1, 0)))
     with pytest.raises(SchemaError, match="cycle"):
         view(g)
+
+
+def test_a_task_whose_only_usable_pools_are_down_queues_there_and_says_so() -> None:
+    """A pool marked down (no live worker) is avoided while another may run the task; a task that
+    only it may run (a GPU task, a pin) is queued there to wait, not sent where it cannot run."""
+    down_gpu = PoolState("gpu", "g", slots=1, cpus=8, memory_gb=64, gpus=1, speed=1.5, up=False)
+    tasks = (TaskNode("train", duration_s=100, kind="gpu_train", gpus=1),
+             TaskNode("prep", duration_s=100, kind="gpu_train"),
+             TaskNode("pinned", pool="gpu"))
+    g = RunGraph("d/r", tasks, ())
+    req = PlacementRequest("q", tuple(ReadyTask("d/r", t.task_id) for t in tasks), (SMALL, LARGE, down_gpu))
+    placed = {d.task_id: d for d in EarliestFinishPlacer().place(req, {"d/r": g})}
+    assert placed["prep"].pool == "large", "the affinity pool is down: the best live one"
+    for tid in ("train", "pinned"):
+        assert placed[tid].pool == "gpu", tid
+        assert "gpu is down, the only pool that may run it" in placed[tid].reason
+    assert "no pool fits" not in placed["train"].reason
