@@ -74,6 +74,18 @@ OPTIONS: dict[str, tuple[str, str | None, str]] = {
         "300",
         "How long per-DAG duration history read from the metadata database is cached.",
     ),
+    "pool_check_interval_s": (
+        "float",
+        "30",
+        "How often the executor asks the Celery workers which queues they consume (a remote-control "
+        "broadcast in a background thread). A pool with no live worker is marked down: the policy "
+        "sends it only tasks no other pool may run. 0 turns the check off (every pool counts as up).",
+    ),
+    "pool_check_timeout_s": (
+        "float",
+        "2",
+        "How long one such broadcast waits for the workers' answers.",
+    ),
     "record_traces": (
         "boolean",
         "True",
@@ -100,6 +112,8 @@ class ExecutorConfig:
     max_wait_s: float = 60.0
     default_duration_s: float = 60.0
     history_ttl_s: int = 300
+    pool_check_interval_s: float = 30.0
+    pool_check_timeout_s: float = 2.0
     record_traces: bool = True
 
     def __post_init__(self) -> None:
@@ -120,6 +134,10 @@ class ExecutorConfig:
             raise ValueError(f"[{SECTION}] max_wait_s must be >= 0, got {self.max_wait_s}")
         if self.default_duration_s <= 0:
             raise ValueError(f"[{SECTION}] default_duration_s must be > 0, got {self.default_duration_s}")
+        if self.pool_check_interval_s < 0:
+            raise ValueError(f"[{SECTION}] pool_check_interval_s must be >= 0, got {self.pool_check_interval_s}")
+        if not 0 < self.pool_check_timeout_s <= 60:
+            raise ValueError(f"[{SECTION}] pool_check_timeout_s must be in (0, 60], got {self.pool_check_timeout_s}")
         if self.history_ttl_s < 0:
             raise ValueError(f"[{SECTION}] history_ttl_s must be >= 0, got {self.history_ttl_s}")
 

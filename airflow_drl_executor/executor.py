@@ -35,6 +35,7 @@ from airflow_drl_executor import traces
 from airflow_drl_executor.client import PlacementClient, PlacementUnavailable
 from airflow_drl_executor.config import ExecutorConfig
 from airflow_drl_executor.graph_builder import GraphBuilder, ReadyInstance
+from airflow_drl_executor.liveness import PoolWatch, celery_inspector
 from policy.catalogue import Catalogue, load_catalogue
 from policy.errors import PolicyError
 from policy.graph import view
@@ -63,6 +64,7 @@ class DRLExecutor(CeleryExecutor):
             history_ttl_s=self.drl_config.history_ttl_s,
         )
         self._client: PlacementClient | None = None
+        self._pool_watch: PoolWatch | None = None
         self._pool_of: dict[Any, str] = {}
         #: the ledger the list-scheduling baselines keep: expected finish (epoch s) of each task sent
         self._finish_at: dict[Any, float] = {}
@@ -82,13 +84,20 @@ class DRLExecutor(CeleryExecutor):
             stale_after_s=cfg.server_stale_after_s,
             backoff_max_s=cfg.reconnect_backoff_max_s,
         )
+        if cfg.pool_check_interval_s > 0:
+            self._pool_watch = PoolWatch(celery_inspector(self.celery_app, cfg.pool_check_timeout_s),
+                                         self.catalogue.names, interval_s=cfg.pool_check_interval_s)
+            self._pool_watch.start()
         self.log.info(
-            "DRLExecutor: pools %s from %s; policy server at %s (prefix %r, deadline %d ms)",
+            "DRLExecutor: pools %s from %s; policy server at %s (prefix %r, deadline %d ms); "
+            "pool liveness every %g s",
             ", ".join(self.catalogue.names), self.catalogue.source, _redact(cfg.redis_url),
-            cfg.key_prefix, cfg.decision_timeout_ms,
+            cfg.key_prefix, cfg.decision_timeout_ms, cfg.pool_check_interval_s,
         )
 
     def end(self, synchronous: bool = False) -> None:
+        if self._pool_watch is not None:
+            self._pool_watch.stop()
         if self._client is not None:
             self._client.close()
         super().end(synchronous=synchronous)
@@ -120,17 +129,24 @@ class DRLExecutor(CeleryExecutor):
 
     def pool_states(self) -> tuple[PoolState, ...]:
         """The catalogue's pools with the slots this executor has in flight on each, the expected
-        finish times of those tasks (its ledger), and how far each pool may grow."""
+        finish times of those tasks (its ledger), and how far each pool may grow; with the pool
+        liveness check on, each pool's live Celery workers (a pool that must have a worker and
+        has none is down; one that may scale to zero is not)."""
         busy = Counter(pool for key, pool in self._pool_of.items() if key in self.running)
         finish: dict[str, list[float]] = {}
         for key, pool in self._pool_of.items():
             if key in self.running and key in self._finish_at:
                 finish.setdefault(pool, []).append(self._finish_at[key])
+        live = self._pool_watch.live_workers() if self._pool_watch is not None else None
         out = []
         for spec in self.catalogue.pools:
-            st = spec.state(busy=busy.get(spec.name, 0))
+            workers, up = spec.workers, True
+            if live is not None:
+                workers = live.get(spec.name, 0)
+                up = workers > 0 or (spec.min_workers if spec.min_workers is not None else spec.workers) == 0
+            st = spec.state(busy=busy.get(spec.name, 0), workers=workers, up=up)
             top = (spec.max_workers if spec.max_workers is not None else spec.workers) * spec.slots_per_worker
-            out.append(replace(st, max_slots=top if top > st.slots else None, boot_s=spec.boot_delay_s,
+            out.append(replace(st, max_slots=top if spec.elastic and top > st.slots else None, boot_s=spec.boot_delay_s,
                                free_at=tuple(sorted(finish.get(spec.name, ()))[-MAX_FREE_AT:])))
         return tuple(out)
 

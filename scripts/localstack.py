@@ -132,6 +132,8 @@ class Stack:
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "30",
             "AIRFLOW__DRL_EXECUTOR__REDIS_URL": f"{self.redis_url}/0",
             "AIRFLOW__DRL_EXECUTOR__CATALOGUE": str(self.catalogue),
+            # a pool whose worker died is marked down within ~5 s (default 30 s)
+            "AIRFLOW__DRL_EXECUTOR__POOL_CHECK_INTERVAL_S": "5",
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.state / "task-logs"),
             # the nightly retraining DAG: where traces are read from and models promoted to
             "AIRFLOW_CONN_DRL_TRACES": self.sql_conn.replace("postgresql+psycopg2://", "postgresql://"),

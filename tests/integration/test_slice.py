@@ -4,6 +4,8 @@ dag-processor), PostgreSQL, Redis, three Celery workers and the policy server.
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,13 +21,13 @@ DEADLINE_S = 0.2
 HEARTBEAT_S = 5.0
 
 
-def _task_instances(stack: Stack, run_id: str) -> list[dict[str, Any]]:
+def _task_instances(stack: Stack, run_id: str, dag_id: str = DAG) -> list[dict[str, Any]]:
     engine = create_engine(stack.sql_conn)
     with engine.connect() as conn:
         rows = conn.execute(
             text("SELECT task_id, state, queue, hostname, queued_dttm, start_date FROM task_instance "
                  "WHERE dag_id = :d AND run_id = :r"),
-            {"d": DAG, "r": run_id},
+            {"d": dag_id, "r": run_id},
         ).all()
     engine.dispose()
     return [dict(r._mapping) for r in rows]
@@ -73,3 +75,50 @@ def test_fallback_when_the_policy_server_is_down(stack: Stack, api: Api) -> None
     for row in rows:
         waited = (row["decided_at"] - queued_at[row["task_id"]]).total_seconds()
         assert waited <= DEADLINE_S + HEARTBEAT_S, f"{row['task_id']} waited {waited:.1f}s before dispatch"
+
+
+ML = "drl_ml_pipeline"
+
+
+def _log_says(path: Path, since: int, text: str, timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with path.open("rb") as f:
+            f.seek(since)
+            if text.encode() in f.read():
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"{path.name} did not say {text!r} within {timeout:.0f}s")
+
+
+def test_a_pool_whose_worker_died_gets_only_the_tasks_no_other_pool_may_run(stack: Stack, api: Api) -> None:
+    """With the GPU pool's only Celery worker killed, the executor marks the pool down: the ETL
+    run (which sends a third of its tasks to the GPU pool when it is up) finishes on the other
+    pools, and the ML run's ``train`` (gpus=1: no other pool may run it) is queued on the GPU
+    pool and waits there, not sent to a CPU box; it runs once the worker is back."""
+    log = stack.logs / "scheduler.log"
+    since = log.stat().st_size
+    stack.kill("worker-gpu")
+    try:
+        _log_says(log, since, "no live Celery worker consumes queue 'gpu'", 60)
+        api.wait_dag(DAG)
+        api.wait_dag(ML)
+        etl, ml = api.trigger(DAG), api.trigger(ML)
+        assert api.wait_run(DAG, etl, timeout=240) == "success"
+        rows = placements(stack, [(DAG, etl)])
+        assert len(rows) == 15 and all(r["pool"] != "gpu" and ran_on_chosen_pool(r) for r in rows), \
+            [(r["task_id"], r["pool"]) for r in rows]
+        end = time.monotonic() + 120
+        while not (train := [r for r in placements(stack, [(ML, ml)]) if r["task_id"] == "train"]):
+            assert time.monotonic() < end, "train was never placed"
+            time.sleep(1)
+        assert train[0]["pool"] == "gpu", train[0]["reason"]
+        time.sleep(3)
+        state = {t["task_id"]: t["state"] for t in _task_instances(stack, ml, ML)}
+        assert state["train"] == "queued", state
+    finally:
+        since = log.stat().st_size
+        stack.start("worker-gpu")
+    _log_says(log, since, "pool 'gpu' is back", 60)
+    assert api.wait_run(ML, ml, timeout=240) == "success"
+    assert all(ran_on_chosen_pool(r) for r in placements(stack, [(ML, ml)]))

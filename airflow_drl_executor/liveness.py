@@ -1,0 +1,123 @@
+"""Which worker pools have a live Celery worker, asked of the workers in a background thread.
+
+The executor marks a pool *down* in its placement requests while no live Celery worker consumes
+the pool's queue, so neither the policy nor the fallback heuristic sends work where nothing would
+run it; a task that only that pool may run (a GPU task, a task pinned to it) still goes there and
+waits for a worker (:func:`policy.placement.feasible`). The live workers also give each pool its
+real size: an elastic pool's ``workers`` in the catalogue is only its size at start.
+
+The answer comes from Celery's remote control, ``inspect().active_queues()`` (what ``celery
+inspect active_queues`` and Flower use: a broadcast that each worker answers with the queues it
+consumes), every ``interval_s`` seconds in a daemon thread with its own broker connection, never
+in the scheduler loop. What it does not know it does not guess: before the first answer, when the
+broadcast fails or no worker answers at all (a broker hiccup and every worker gone look the same),
+or when the last answer is older than three intervals, :meth:`PoolWatch.live_workers` is None
+and every pool counts as the catalogue says, as if this check were off.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: worker name -> the queues it consumes, each ``{"name": queue, ...}`` (Celery's reply), or None
+Replies = Mapping[str, Sequence[Mapping[str, Any]]] | None
+
+
+def celery_inspector(app: Any, timeout_s: float) -> Callable[[], Replies]:
+    """``active_queues()`` of every worker of Celery ``app``, over a connection of its own."""
+
+    def ask() -> Replies:
+        with app.connection_for_write() as conn:
+            return app.control.inspect(timeout=timeout_s, connection=conn).active_queues()  # type: ignore[no-any-return]
+
+    return ask
+
+
+class PoolWatch:
+    """Live Celery workers per pool (queue), refreshed every ``interval_s`` by :meth:`start`'s thread."""
+
+    def __init__(self, ask: Callable[[], Replies], pools: Sequence[str], *, interval_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
+        self._ask = ask
+        self.pools = tuple(pools)
+        self.interval_s = float(interval_s)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._live: dict[str, int] | None = None
+        self._at = float("-inf")
+        self._blind = False  # the last check learned nothing (logged once until one does)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def live_workers(self) -> dict[str, int] | None:
+        """Live workers per pool as of the last answer, or None while that is unknown or stale."""
+        with self._lock:
+            if self._live is None or self._clock() - self._at > 3 * self.interval_s:
+                return None
+            return dict(self._live)
+
+    def check(self) -> dict[str, int] | None:
+        """Ask the workers once; what :meth:`live_workers` will say (None: no answer to go by)."""
+        try:
+            replies = self._ask()
+        except Exception as exc:  # noqa: BLE001 - a broker failure leaves the pools as the catalogue says
+            self._learned_nothing(f"the broadcast failed: {type(exc).__name__}: {exc}")
+            return None
+        if not replies:
+            self._learned_nothing("no Celery worker answered")
+            return None
+        count = dict.fromkeys(self.pools, 0)
+        for queues in replies.values():
+            for name in {q.get("name") for q in queues or () if isinstance(q, Mapping)}:
+                if name in count:
+                    count[name] += 1
+        with self._lock:
+            before, blind = self._live, self._blind or self._live is None
+            self._live, self._at, self._blind = count, self._clock(), False
+        if blind:
+            log.info("DRLExecutor: pool liveness: %s", ", ".join(f"{p} {n} live worker(s)" for p, n in count.items()))
+        for pool, n in count.items():
+            was = before.get(pool) if before is not None else None
+            if n == 0 and was != 0:
+                log.warning("DRLExecutor: no live Celery worker consumes queue %r: pool marked down "
+                            "(only tasks no other pool may run are sent there)", pool)
+            elif n > 0 and was == 0:
+                log.info("DRLExecutor: pool %r is back: %d live worker(s)", pool, n)
+        return dict(count)
+
+    def _learned_nothing(self, why: str) -> None:
+        if not self._blind:
+            log.warning("DRLExecutor: pool liveness unknown (%s); pools count as the catalogue says "
+                        "once the last answer is %.0f s old", why, 3 * self.interval_s)
+        self._blind = True
+
+    # --- the thread ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="drl-pool-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.check()
+            except Exception:  # noqa: BLE001 - a malformed reply must not end the watch
+                log.exception("DRLExecutor: pool liveness check failed")
+            self._stop.wait(self.interval_s)
