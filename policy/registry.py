@@ -136,6 +136,30 @@ def gnn_loader(path: Path, device: str, **kwargs: Any) -> Placer:
     return placer
 
 
+def _probe(placer: Placer, path: Path) -> None:
+    """Place a small request with ``placer`` before it serves: a model that loads but cannot
+    decide is refused like a bad checkpoint (the old model keeps serving), and the first real
+    request does not pay the first call's set-up (tens of ms on a CPU, more on a GPU)."""
+    from policy.schema import PlacementRequest, PoolState, ReadyTask, RunGraph, RunProgress, TaskNode
+
+    graph = RunGraph("probe/run", (TaskNode("a", duration_s=30), TaskNode("b", duration_s=60, gpus=1, kind="gpu_train"),
+                                   TaskNode("c", duration_s=10)), ((0, 2), (1, 2)))
+    pools = (PoolState("cpu", "cpu", slots=4, cpus=4, memory_gb=16, price_per_hour=0.2),
+             PoolState("gpu", "gpu", slots=2, cpus=8, memory_gb=64, gpus=1, speed=1.5, price_per_hour=1.2,
+                       affinity={"gpu_train": 8.0}))
+    request = PlacementRequest("probe", (ReadyTask("probe/run", "a"), ReadyTask("probe/run", "b")), pools,
+                               runs=(graph,), progress=(RunProgress("probe/run"),), created_at=time.time())
+    try:
+        decisions = placer.place(request, {"probe/run": graph})
+    except Exception as exc:  # noqa: BLE001 - reported as the checkpoint's fault, with the cause
+        raise CheckpointError(f"{path}: the model loads but fails on a probe request: "
+                              f"{type(exc).__name__}: {exc}") from exc
+    bad = [d for d in decisions if d.pool not in ("cpu", "gpu") or d.task_id not in ("a", "b")]
+    if bad or not decisions:
+        raise CheckpointError(f"{path}: the model loads but answers a probe request with "
+                              f"{[(d.task_id, d.pool) for d in decisions]!r}")
+
+
 class ModelRegistry:
     """Watches ``<root>/active.json``; loads what it names off the serving thread.
 
@@ -302,8 +326,11 @@ class ModelRegistry:
         placer = self.loader(path, device)
         if not isinstance(placer, Placer):
             raise CheckpointError(f"{path}: loader returned {type(placer).__name__}, not a Placer")
-        log.info("loaded %s %s from %s on %s in %.0f ms", placer.name, placer.version, path,
-                 device, (time.perf_counter() - t0) * 1e3)
+        loaded_ms = (time.perf_counter() - t0) * 1e3
+        t0 = time.perf_counter()
+        _probe(placer, path)
+        log.info("loaded %s %s from %s on %s in %.0f ms (probe request %.0f ms)", placer.name, placer.version,
+                 path, device, loaded_ms, (time.perf_counter() - t0) * 1e3)
         return LoadedModel(placer, str(path), actual, device, time.time())
 
     def _load_in_background(self, path: Path, sha256: str) -> None:

@@ -30,18 +30,26 @@ class Tagged(EarliestFinishPlacer):
         return super().place(request, graphs)
 
 
+class Broken(Tagged):
+    """Loads, then fails on every request (weights that produce NaNs, an op the device lacks)."""
+
+    def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
+        raise RuntimeError("probability tensor contains nan")
+
+
 def fake_loader(path: Path, device: str) -> Tagged:
-    """Reads ``weights.json`` ({"version": ..., "shape": [..]}); refuses a wrong shape."""
+    """Reads ``weights.json`` ({"version": ..., "shape": [..], "broken": bool}); refuses a wrong shape."""
     doc = json.loads((path / "weights.json").read_text())
     if doc.get("shape") != [4, 4]:
         raise CheckpointError(f"{path}: shape {doc.get('shape')} does not match the model's [4, 4]")
-    return Tagged(doc["version"])
+    return Broken(doc["version"]) if doc.get("broken") else Tagged(doc["version"])
 
 
-def fake_checkpoint(root: Path, name: str, version: str, shape: list[int] | None = None) -> Path:
+def fake_checkpoint(root: Path, name: str, version: str, shape: list[int] | None = None,
+                    broken: bool = False) -> Path:
     d = root / name
     d.mkdir(parents=True)
-    (d / "weights.json").write_text(json.dumps({"version": version, "shape": shape or [4, 4]}))
+    (d / "weights.json").write_text(json.dumps({"version": version, "shape": shape or [4, 4], "broken": broken}))
     return d
 
 
@@ -221,3 +229,21 @@ def test_real_gnn_checkpoint_is_served_and_a_tampered_one_refused(tmp_path: Path
     assert len(server.placer.models) == 2
     reply = ask(rclient, request([g], [("gnn", "t2"), ("gnn", "t5")]))
     assert reply is not None and reply.ok and reply.policy_version.endswith(ens) and 1 <= len(reply.decisions) <= 2
+
+
+def test_a_model_that_loads_but_cannot_place_is_refused(tmp_path: Path) -> None:
+    """Each checkpoint places a probe request before it serves; failing it is a refusal."""
+    failures: list[str] = []
+    reg = ModelRegistry(tmp_path, loader=fake_loader, poll_s=0.01, on_failure=failures.append)
+    v1 = fake_checkpoint(tmp_path, "v1", "1")
+    activate(tmp_path, "v1", sha256=checkpoint_sha256(v1))
+    assert reg.load_now() is not None
+    bad = fake_checkpoint(tmp_path, "v2", "2", broken=True)
+    activate(tmp_path, "v2", sha256=checkpoint_sha256(bad))
+    time.sleep(0.02)
+    assert reg.poll() is None
+    reg.wait_idle()
+    assert reg.poll() is None
+    assert "fails on a probe request: RuntimeError: probability tensor contains nan" in failures[-1]
+    with pytest.raises(CheckpointError, match="fails on a probe request"):
+        ModelRegistry(tmp_path / "fresh", loader=fake_loader)._load(bad, checkpoint_sha256(bad))
