@@ -188,25 +188,31 @@ class DRLExecutor(CeleryExecutor):
         pools = self.pool_states()
         graphs: dict[str, RunGraph] = {}
         policy, version = self.fallback_placer.name, self.fallback_placer.version
+        decisions: dict[tuple[str, str], Decision] = {}
+        asked: set[tuple[str, str]] = set()
+        unplaced = ""  # why the executor places the tasks the request does not hold itself
         try:
             with create_session() as session:
                 graphs, progress, ready_tasks = self.graph_builder.build(ready, session)
             ready_tasks = self._with_held(ready_tasks, ready, tasks)
-            request = PlacementRequest(request_id=request_id, ready=tuple(ready_tasks), pools=pools,
-                                       progress=tuple(progress))
-            decisions, policy, version = self._decide(request, graphs)
+            asked = {t.key for t in ready_tasks}
+            unplaced = "fallback: the task is not in its run's graph (of the newest DAG version in the batch)"
+            if ready_tasks:
+                request = PlacementRequest(request_id=request_id, ready=tuple(ready_tasks), pools=pools,
+                                           progress=tuple(progress))
+                decisions, policy, version = self._decide(request, graphs)
         except (PolicyError, SQLAlchemyError) as exc:
             # The graph could not be built (bad executor_config hint, DB hiccup): keep each task's
             # own queue when it is one of our pools, else the least-loaded pool; say why.
             self.log.warning("DRLExecutor: cannot build placement request %s: %s", request_id, exc)
-            decisions = {}
-            reason_all = f"fallback: cannot build the request: {exc}"
-            for inst, w in zip(ready, tasks, strict=True):
-                pool = w.ti.queue if w.ti.queue in self.catalogue.names else _least_loaded(pools)
-                spec = self.catalogue.pool(pool)
-                decisions[(inst.run_key, inst.task_id)] = Decision(
-                    run_key=inst.run_key, task_id=inst.task_id, pool=pool, vm_class=spec.vm_class.name,
-                    reason=reason_all, fallback=True)
+            decisions, asked, unplaced = {}, set(), f"fallback: cannot build the request: {exc}"
+        except Exception as exc:  # noqa: BLE001 - no placement failure may stop the scheduler loop
+            self.log.exception("DRLExecutor: placement request %s failed", request_id)
+            decisions, asked = {}, set()
+            unplaced = f"fallback: placement failed: {type(exc).__name__}: {exc}"
+        for inst, w in zip(ready, tasks, strict=True):
+            if (inst.run_key, inst.task_id) not in asked:
+                decisions[(inst.run_key, inst.task_id)] = self._own_queue(w, inst, pools, unplaced)
         decision_ms = (time.perf_counter() - started) * 1000.0
 
         records = []
@@ -234,7 +240,8 @@ class DRLExecutor(CeleryExecutor):
             self._pool_of[key] = decision.pool
             graph = graphs.get(inst.run_key)
             features: dict[str, Any] = {}
-            node = graph.tasks[view(graph).index[inst.task_id]] if graph is not None else None
+            at = view(graph).index.get(inst.task_id) if graph is not None else None
+            node = graph.tasks[at] if graph is not None and at is not None else None
             if node is not None:
                 features = node.to_json()
             pool_state = next((p for p in pools if p.name == decision.pool), None)
@@ -258,6 +265,12 @@ class DRLExecutor(CeleryExecutor):
         if placed:
             self._set_queues(placed)
         return records, held
+
+    def _own_queue(self, w: Any, inst: ReadyInstance, pools: Sequence[PoolState], reason: str) -> Decision:
+        """The task's own queue when it is one of our pools, else the least-loaded live pool."""
+        pool = w.ti.queue if w.ti.queue in self.catalogue.names else _least_loaded(pools)
+        return Decision(run_key=inst.run_key, task_id=inst.task_id, pool=pool,
+                        vm_class=self.catalogue.pool(pool).vm_class.name, reason=reason, fallback=True)
 
     def _fallback(self, ready: Sequence[ReadyTask], pools: tuple[PoolState, ...],
                   graphs: Mapping[str, RunGraph], why: str, progress: tuple[RunProgress, ...] = ()

@@ -97,9 +97,21 @@ class GraphBuilder:
               ) -> tuple[dict[str, RunGraph], list[RunProgress], list[ReadyTask]]:
         graphs: dict[str, RunGraph] = {}
         tasks: dict[tuple[str, str], ReadyTask] = {}
+        # One graph per run, of the newest DAG version among its instances (version ids are
+        # UUIDv7: newest sorts last). Instances of one run can carry different versions: a clear
+        # "on the latest version" re-versions only what it clears, and a workload held back keeps
+        # the version it was queued with.
+        newest: dict[str, ReadyInstance] = {}
         for inst in ready:
-            if inst.run_key not in graphs:
-                graphs[inst.run_key] = self._graph(inst, session)
+            if inst.run_key not in newest or inst.dag_version_id > newest[inst.run_key].dag_version_id:
+                newest[inst.run_key] = inst
+        known: dict[str, set[str]] = {}
+        for run_key, inst in newest.items():
+            graphs[run_key] = self._graph(inst, session)
+            known[run_key] = {t.task_id for t in graphs[run_key].tasks}
+        for inst in ready:
+            if inst.task_id not in known[inst.run_key]:
+                continue  # not in that version: the executor places it itself (no ReadyTask)
             key = (inst.run_key, inst.task_id)
             if key not in tasks:  # mapped instances share one node
                 tasks[key] = ReadyTask(run_key=inst.run_key, task_id=inst.task_id, try_number=inst.try_number)

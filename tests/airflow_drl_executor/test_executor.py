@@ -12,6 +12,7 @@ import pytest
 from airflow_drl_executor import executor as executor_mod
 from airflow_drl_executor.client import PlacementUnavailable
 from airflow_drl_executor.executor import DRLExecutor
+from airflow_drl_executor.graph_builder import _Structure
 from policy.schema import Decision, PlacementReply, PlacementRequest, ReadyTask, RunGraph, TaskNode
 
 RUN = "etl/run1"
@@ -120,3 +121,44 @@ def test_pool_states_carry_the_ledger(executor: DRLExecutor) -> None:
     assert pools["cpu-small"].free_at == ()
     executor.change_state(a.ti.key, "success")
     assert {p.name: p for p in executor.pool_states()}["cpu-large"].free_at == ()
+
+
+def _structure(*task_ids: str) -> _Structure:
+    return _Structure(task_ids=task_ids, edges=(), hints=tuple({} for _ in task_ids),
+                      queues=tuple("default" for _ in task_ids), weights=tuple(1.0 for _ in task_ids))
+
+
+def test_one_run_with_two_dag_versions_in_a_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clear "on the latest version", or a workload held across a redeploy, puts instances of
+    one run with different DAG versions in one batch: the newest version's graph is used, and a
+    task it lacks is placed on its own queue or the least-loaded pool, never a scheduler crash."""
+    ex = DRLExecutor()
+    v1, v2 = str(uuid.UUID(int=1)), str(uuid.UUID(int=2))  # UUIDv7 ids: the newer sorts last
+    structures = {v1: _structure("a", "b", "old"), v2: _structure("a", "b", "new")}
+    monkeypatch.setattr(ex.graph_builder, "structure", lambda vid, session: structures[vid])
+    monkeypatch.setattr(ex.graph_builder, "_durations", lambda dag_id, session: {})
+    monkeypatch.setattr(ex.graph_builder, "_progress", lambda runs, session: [])
+    monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
+    ex._client = FakeClient(_reply({"b": "cpu-large", "new": "gpu"}))  # type: ignore[assignment]
+    b, new, old = _workload("b"), _workload("new"), _workload("old")
+    b.ti.dag_version_id, new.ti.dag_version_id, old.ti.dag_version_id = v1, v2, v1
+    records, held = ex._place([b, old, new])
+    by_task = {r.task_id: r for _, r in records}
+    assert not held and set(by_task) == {"b", "new", "old"}
+    assert [t.task_id for t in ex._client.requests[-1].ready] == ["b", "new"], "asked with V2's graph"
+    assert (by_task["b"].pool, by_task["new"].pool) == ("cpu-large", "gpu")
+    assert by_task["old"].fallback and "not in its run's graph" in by_task["old"].reason
+    assert old.ti.queue in ex.catalogue.names
+
+
+def test_an_unexpected_error_while_placing_falls_back_instead_of_stopping_the_scheduler(
+        executor: DRLExecutor, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(ready, session):  # type: ignore[no-untyped-def]
+        raise KeyError("t9")
+    monkeypatch.setattr(executor.graph_builder, "build", broken)
+    executor._client = FakeClient(_reply({}))  # type: ignore[assignment]
+    a, b = _workload("a"), _workload("b")
+    records, held = executor._place([a, b])
+    assert not held and len(records) == 2
+    assert all(r.fallback and r.reason == "fallback: placement failed: KeyError: 't9'" for _, r in records)
+    assert {a.ti.queue, b.ti.queue} <= set(executor.catalogue.names)
