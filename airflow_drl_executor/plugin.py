@@ -2,8 +2,9 @@
 
 Mounted under ``/drl`` in the api-server (FastAPI sub-application) and linked from the navigation
 bar as an external view. Plugin apps get no authentication from Airflow, so every route depends on
-Airflow's own ``requires_access_dag("GET")`` (the session cookie of a logged-in user, or a bearer
-token).
+Airflow's own user dependency (the session cookie of a logged-in user, or a bearer token) and
+shows only the placements of the DAGs the auth manager lets that user read
+(``get_authorized_dag_ids``), as Airflow's own list endpoints do.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from airflow.api_fastapi.app import get_auth_manager
+from airflow.api_fastapi.core_api.security import GetUserDep
 from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends, FastAPI, Query
 from fastapi.responses import HTMLResponse
@@ -20,7 +23,7 @@ from airflow_drl_executor import traces
 URL_PREFIX = "/drl"
 
 
-def _rows(limit: int) -> list[dict[str, Any]]:
+def _rows(limit: int, dag_ids: set[str]) -> list[dict[str, Any]]:
     from airflow.utils.session import create_session
     from sqlalchemy import inspect
 
@@ -28,7 +31,7 @@ def _rows(limit: int) -> list[dict[str, Any]]:
         conn = session.connection()
         if not inspect(conn).has_table(traces.placements.name):
             return []
-        return [dict(r._mapping) for r in conn.execute(traces.outcomes_query(limit))]
+        return [dict(r._mapping) for r in conn.execute(traces.outcomes_query(limit, dag_ids))]
 
 
 def _cell(value: Any) -> str:
@@ -46,19 +49,21 @@ COLUMNS = ("dag_id", "run_id", "task_id", "try_number", "pool", "vm_class", "fal
 
 
 def create_app() -> FastAPI:
-    from airflow.api_fastapi.core_api.security import requires_access_dag
+    def readable(user: GetUserDep) -> set[str]:
+        """The DAGs this user may read: the only ones whose placements are shown."""
+        return set(get_auth_manager().get_authorized_dag_ids(user=user, method="GET"))
 
-    app = FastAPI(title="DRL Executor placements",
-                  dependencies=[Depends(requires_access_dag(method="GET"))])
+    app = FastAPI(title="DRL Executor placements")
 
     @app.get("/api/placements")
-    def placements_json(limit: int = Query(200, ge=1, le=5000)) -> list[dict[str, Any]]:
+    def placements_json(dag_ids: set[str] = Depends(readable),
+                        limit: int = Query(200, ge=1, le=5000)) -> list[dict[str, Any]]:
         """Latest placements joined with their outcome, as JSON."""
-        return _rows(limit)
+        return _rows(limit, dag_ids)
 
     @app.get("/", response_class=HTMLResponse)
-    def placements_page(limit: int = Query(200, ge=1, le=5000)) -> str:
-        rows = _rows(limit)
+    def placements_page(dag_ids: set[str] = Depends(readable), limit: int = Query(200, ge=1, le=5000)) -> str:
+        rows = _rows(limit, dag_ids)
         head = "".join(f"<th>{c}</th>" for c in COLUMNS)
         body = "".join(
             "<tr class='{}'>".format("fallback" if r.get("fallback") else "policy")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    bindparam,
     insert,
     text,
 )
@@ -109,10 +110,16 @@ def write(conn: Connection, records: Sequence[PlacementRecord]) -> None:
         conn.execute(insert(placements), [r.row(now) for r in records])
 
 
-def outcomes_query(limit: int = 500) -> Any:
-    """Placements joined with what happened: latest first (works on PostgreSQL and SQLite)."""
-    return text(
-        """
+def outcomes_query(limit: int = 500, dag_ids: Collection[str] | None = None) -> Any:
+    """Placements joined with what happened: latest first (works on PostgreSQL and SQLite); with
+    ``dag_ids``, only those DAGs' placements."""
+    if dag_ids is None:
+        return text(_OUTCOMES.format(where="")).bindparams(limit=limit)
+    return text(_OUTCOMES.format(where="WHERE p.dag_id IN :dag_ids")).bindparams(
+        bindparam("dag_ids", value=sorted(dag_ids), expanding=True), limit=limit)
+
+
+_OUTCOMES = """
         SELECT p.dag_id, p.run_id, p.task_id, p.map_index, p.try_number, p.pool, p.vm_class,
                p.score, p.reason, p.fallback, p.policy, p.policy_version, p.decision_ms, p.waited_s,
                p.celery_id, p.decided_at,
@@ -125,7 +132,7 @@ def outcomes_query(limit: int = 500) -> Any:
                ON CAST(t.id AS VARCHAR(36)) = p.ti_id AND t.try_number = p.try_number
         LEFT JOIN task_instance_history h
                ON CAST(h.task_instance_id AS VARCHAR(36)) = p.ti_id AND h.try_number = p.try_number
+        {where}
         ORDER BY p.id DESC
         LIMIT :limit
         """
-    ).bindparams(limit=limit)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 from sqlalchemy import create_engine, text
 
 from airflow_drl_executor import traces
@@ -24,3 +26,8 @@ def test_records_are_written_and_joined_with_outcomes() -> None:
         rows = [dict(r._mapping) for r in conn.execute(traces.outcomes_query())]
     assert len(rows) == 1
     assert rows[0]["pool"] == "gpu" and rows[0]["state"] == "success" and rows[0]["hostname"] == "gpu@h"
+    with engine.begin() as conn:
+        traces.write(conn, [dataclasses.replace(rec, dag_id="payroll", ti_id="u2")])
+        assert [r.dag_id for r in conn.execute(traces.outcomes_query())] == ["payroll", "d"]
+        assert [r.dag_id for r in conn.execute(traces.outcomes_query(dag_ids={"d", "other"}))] == ["d"]
+        assert list(conn.execute(traces.outcomes_query(dag_ids=set()))) == [], "no readable DAG: no rows"
