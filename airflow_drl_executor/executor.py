@@ -69,6 +69,7 @@ class DRLExecutor(CeleryExecutor):
         #: the ledger the list-scheduling baselines keep: expected finish (epoch s) of each task sent
         self._finish_at: dict[Any, float] = {}
         self._held_since: dict[Any, float] = {}
+        self._open_slots: int | None = None  # of the heartbeat being processed
         self._traces_ready = False
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -110,13 +111,24 @@ class DRLExecutor(CeleryExecutor):
 
     # --- placement -------------------------------------------------------------------------------
 
+    def _get_workloads_to_schedule(self, open_slots: int) -> list[tuple[Any, Any]]:
+        """The base selection, with the tasks held for a better pool not counted against the open
+        slots: they would otherwise take those slots at every heartbeat and keep every other ready
+        task from being offered until they are placed (up to ``max_wait_s``). :meth:`_place`
+        still dispatches at most ``open_slots``."""
+        held = sum(1 for key in self._held_since if key in self.queued_tasks)
+        self._open_slots = open_slots
+        return super()._get_workloads_to_schedule(open_slots + held)
+
     def _process_workloads(self, workload_items: Sequence[workloads.All]) -> None:
         from airflow.executors.workloads import ExecuteTask
 
         tasks = [w for w in workload_items if isinstance(w, ExecuteTask)]
         records: list[tuple[Any, traces.PlacementRecord]] = []
+        budget, self._open_slots = self._open_slots, None
         if tasks:
-            records, held = self._place(tasks)
+            records, held = self._place(
+                tasks, budget=None if budget is None else budget - (len(workload_items) - len(tasks)))
             if held:
                 workload_items = [w for w in workload_items if id(w) not in held]
         if workload_items:
@@ -172,8 +184,11 @@ class DRLExecutor(CeleryExecutor):
                 held[key] = max(held.get(key, 0.0), now - since)
         return [replace(t, held_s=held[t.key]) if t.key in held else t for t in ready_tasks]
 
-    def _place(self, tasks: Sequence[Any]) -> tuple[list[tuple[Any, traces.PlacementRecord]], set[int]]:
-        """Place ``tasks``: their trace records, and the ``id()`` of the workloads held back to wait."""
+    def _place(self, tasks: Sequence[Any], budget: int | None = None
+               ) -> tuple[list[tuple[Any, traces.PlacementRecord]], set[int]]:
+        """Place ``tasks`` (in priority order), dispatching at most ``budget`` of them: their trace
+        records, and the ``id()`` of the workloads kept back (to wait for a better pool, or for
+        want of a slot: those are offered again at the next heartbeat)."""
         from airflow.utils.session import create_session
 
         started = time.perf_counter()
@@ -234,6 +249,9 @@ class DRLExecutor(CeleryExecutor):
                 decision = self._fallback([ReadyTask(inst.run_key, inst.task_id)], pools, graphs,
                                           f"waited {waited:.0f}s for a better pool, placing now"
                                           )[(inst.run_key, inst.task_id)]
+            if budget is not None and len(placed) >= budget:
+                held.add(id(w))  # no slot left this heartbeat: offered again at the next
+                continue
             self._held_since.pop(key, None)
             placed.append(w)
             w.ti.queue = decision.pool

@@ -162,3 +162,45 @@ def test_an_unexpected_error_while_placing_falls_back_instead_of_stopping_the_sc
     assert not held and len(records) == 2
     assert all(r.fallback and r.reason == "fallback: placement failed: KeyError: 't9'" for _, r in records)
     assert {a.ti.queue, b.ti.queue} <= set(executor.catalogue.names)
+
+
+def test_tasks_held_for_a_better_pool_do_not_take_the_open_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two of four slots busy; the policy holds g1 and g2 (high priority) for a better pool and
+    would place c and d at once. Once g1 and g2 are held, c and d are offered and sent at the next
+    heartbeat, not after max_wait_s; and no heartbeat sends more tasks than it has open slots."""
+    import airflow.executors.workloads as wl
+
+    class Task(types.SimpleNamespace):
+        pass
+
+    monkeypatch.setattr(wl, "ExecuteTask", Task)
+    ex = DRLExecutor(parallelism=4)
+    monkeypatch.setattr(ex.graph_builder, "build", lambda ready, session: (
+        {RUN: RunGraph(RUN, tuple(TaskNode(t) for t in ("g1", "g2", "c", "d")), ())}, [],
+        [ReadyTask(RUN, r.task_id) for r in ready]))
+    monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
+    monkeypatch.setattr(ex, "_record", lambda records: None)
+    sent: list[str] = []
+
+    def send(tuples):  # type: ignore[no-untyped-def]
+        for key, w, _queue, _team in tuples:
+            ex.queued_tasks.pop(key, None)
+            ex.running.add(key)
+            sent.append(w.ti.task_id)
+    monkeypatch.setattr(ex, "_send_workloads", send)
+    ex._client = FakeClient(_reply({"c": "cpu-small", "d": "cpu-small"}))  # type: ignore[assignment]
+    for tid, prio in (("g1", 10), ("g2", 10), ("c", 1), ("d", 1)):
+        w = Task(ti=_workload(tid).ti)
+        w.ti.priority_weight = prio
+        ex.queued_tasks[w.ti.key] = w  # type: ignore[index]
+    ex.running.update({("busy", "1"), ("busy", "2")})
+    ex.trigger_tasks(ex.parallelism - len(ex.running))  # two open slots: g1, g2 offered, both held
+    assert sent == [] and [t.task_id for t in ex._client.requests[-1].ready] == ["g1", "g2"]
+    ex.trigger_tasks(ex.parallelism - len(ex.running))
+    assert sent == ["c", "d"], "the held tasks no longer take the open slots"
+    assert [t.task_id for t in ex._client.requests[-1].ready] == ["g1", "g2", "c", "d"]
+    ex.running.discard(("busy", "1"))
+    ex._client = FakeClient(_reply({"g1": "gpu", "g2": "gpu"}))  # type: ignore[assignment]
+    ex.trigger_tasks(ex.parallelism - len(ex.running))  # one slot open
+    assert sent == ["c", "d", "g1"], "one open slot: one task sent, the other kept queued"
+    assert [w.ti.task_id for w in ex.queued_tasks.values()] == ["g2"], "g2 waits for a slot, still queued"
