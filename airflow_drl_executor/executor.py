@@ -236,7 +236,7 @@ class DRLExecutor(CeleryExecutor):
         if len(self._held_since) > len(tasks):  # forget tasks no longer queued here
             queued = set(self.queued_tasks)
             self._held_since = {k: t for k, t in self._held_since.items() if k in queued}
-        placed = []
+        placed: list[Any] = []
         for inst, w in zip(ready, tasks, strict=True):
             key = self._key(w)
             decision = decisions.get((inst.run_key, inst.task_id))
