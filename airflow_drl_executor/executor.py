@@ -133,8 +133,15 @@ class DRLExecutor(CeleryExecutor):
                 workload_items = [w for w in workload_items if id(w) not in held]
         if workload_items:
             super()._process_workloads(workload_items)
-        if records and self.drl_config.record_traces:
-            self._record(records)
+        # Only what Celery accepted was placed: a publish that timed out is retried (and placed
+        # anew) at the next heartbeat, one that failed fails the task; neither leaves a trace.
+        sent = [(key, rec) for key, rec in records if key in self.running]
+        for key, _ in records:
+            if key not in self.running:
+                self._pool_of.pop(key, None)
+                self._finish_at.pop(key, None)
+        if sent and self.drl_config.record_traces:
+            self._record(sent)
 
     def _key(self, workload: Any) -> Any:
         return self.get_task_key(workload.ti) if self.supports_task_instance_uuid else workload.ti.key
@@ -193,6 +200,9 @@ class DRLExecutor(CeleryExecutor):
 
         started = time.perf_counter()
         request_id = uuid.uuid4().hex
+        if len(self._finish_at) > len(self.running):  # revoked, adopted or lost: not in flight here
+            self._pool_of = {k: p for k, p in self._pool_of.items() if k in self.running}
+            self._finish_at = {k: t for k, t in self._finish_at.items() if k in self.running}
         ready = [
             ReadyInstance(
                 dag_id=w.ti.dag_id, run_id=w.ti.run_id, task_id=w.ti.task_id,

@@ -34,7 +34,7 @@ class FakeClient:
 
 def _workload(task_id: str) -> types.SimpleNamespace:
     ti = types.SimpleNamespace(id=uuid.uuid4(), dag_id="etl", run_id="run1", task_id=task_id, try_number=1,
-                               dag_version_id=uuid.uuid4(), map_index=-1, queue="default",
+                               dag_version_id=uuid.uuid4(), map_index=-1, queue="default", priority_weight=1,
                                key=("etl", task_id, "run1", 1, -1))
     return types.SimpleNamespace(ti=ti)
 
@@ -204,3 +204,40 @@ def test_tasks_held_for_a_better_pool_do_not_take_the_open_slots(monkeypatch: py
     ex.trigger_tasks(ex.parallelism - len(ex.running))  # one slot open
     assert sent == ["c", "d", "g1"], "one open slot: one task sent, the other kept queued"
     assert [w.ti.task_id for w in ex.queued_tasks.values()] == ["g2"], "g2 waits for a slot, still queued"
+
+
+def test_only_what_celery_accepted_leaves_a_trace_and_a_ledger_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A publish that times out is retried at the next heartbeat (one trace, from the try that
+    was sent); one that fails fails the task and leaves neither a trace nor a ledger entry."""
+    import airflow.executors.workloads as wl
+    from airflow.exceptions import AirflowTaskTimeout
+    from airflow.providers.celery.executors.celery_executor_utils import ExceptionWithTraceback
+
+    class Task(types.SimpleNamespace):
+        pass
+
+    monkeypatch.setattr(wl, "ExecuteTask", Task)
+    ex = DRLExecutor()
+    monkeypatch.setattr(ex.graph_builder, "build", lambda ready, session: (
+        {RUN: GRAPH}, [], [ReadyTask(RUN, r.task_id) for r in ready]))
+    monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
+    written: list = []
+    monkeypatch.setattr(ex, "_record", written.extend)
+    outcome: dict[str, object] = {"a": ExceptionWithTraceback(AirflowTaskTimeout("publish timed out"), "tb"),
+                                  "b": ExceptionWithTraceback(RuntimeError("broker down"), "tb")}
+
+    def publish(tuples):  # type: ignore[no-untyped-def]
+        return [(key, None, outcome.get(w.ti.task_id) or types.SimpleNamespace(task_id=f"celery-{w.ti.task_id}"))
+                for key, w, _queue, _team in tuples]
+    monkeypatch.setattr(ex, "_send_workloads_to_celery", publish)
+    ex._client = FakeClient(_reply({"a": "cpu-large", "b": "gpu"}))  # type: ignore[assignment]
+    a, b = Task(ti=_workload("a").ti), Task(ti=_workload("b").ti)
+    for w in (a, b):
+        ex.queued_tasks[w.ti.key] = w  # type: ignore[index]
+    ex.trigger_tasks(8)
+    assert written == [] and ex._pool_of == {} and ex._finish_at == {}
+    assert ex.event_buffer[b.ti.key][0] == "failed" and a.ti.key in ex.queued_tasks
+    del outcome["a"]
+    ex.trigger_tasks(8)
+    assert [(k, r.task_id) for k, r in written] == [(a.ti.key, "a")]
+    assert set(ex._pool_of) == set(ex._finish_at) == {a.ti.key}
