@@ -29,6 +29,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.celery.executors.celery_executor import CeleryExecutor
+from sqlalchemy import inspect
 from sqlalchemy.exc import SQLAlchemyError
 
 from airflow_drl_executor import traces
@@ -108,6 +109,45 @@ class DRLExecutor(CeleryExecutor):
         if key not in self.running:
             self._pool_of.pop(key, None)
             self._finish_at.pop(key, None)
+
+    def try_adopt_task_instances(self, tis: Sequence[Any]) -> Sequence[Any]:
+        """Celery's adoption, less the queued task instances this executor never sent (held for a
+        better pool, or not yet placed, when the old scheduler stopped): Celery would watch those
+        as PENDING until ``task_queued_timeout``; handed back, they are queued and placed again
+        at once. What is adopted enters the ledger, so its pools are not seen as idle."""
+        never_sent = self._never_sent(tis)
+        if never_sent:
+            self.log.info("DRLExecutor: %d queued task instance(s) of the previous scheduler were never "
+                          "sent to Celery: handed back to be queued again", len(never_sent))
+        keep = [ti for ti in tis if id(ti) not in never_sent]
+        not_adopted = list(super().try_adopt_task_instances(keep)) if keep else []
+        now = time.time()
+        for ti in keep:
+            key = self.get_task_key(ti) if self.supports_task_instance_uuid else ti.key
+            if key in self.running and ti.queue in self.catalogue.names:
+                self._pool_of[key] = ti.queue
+                self._finish_at[key] = now + self.drl_config.default_duration_s
+        return not_adopted + [ti for ti in tis if id(ti) in never_sent]
+
+    def _never_sent(self, tis: Sequence[Any]) -> set[int]:
+        """``id()`` of the QUEUED ``tis`` with no placement recorded; none when traces are off or
+        cannot be read (then Celery's adoption decides, as without this executor)."""
+        from airflow.utils.session import create_session
+        from airflow.utils.state import TaskInstanceState
+
+        queued = [ti for ti in tis if ti.state == TaskInstanceState.QUEUED]
+        if not queued or not self.drl_config.record_traces:
+            return set()
+        try:
+            with create_session() as session:
+                conn = session.connection()
+                if not inspect(conn).has_table(traces.placements.name):
+                    return set()
+                sent = traces.dispatched(conn, [(str(ti.id), int(ti.try_number)) for ti in queued])
+        except SQLAlchemyError as exc:
+            self.log.warning("DRLExecutor: cannot read placements to adopt tasks: %s", exc)
+            return set()
+        return {id(ti) for ti in queued if (str(ti.id), int(ti.try_number)) not in sent}
 
     # --- placement -------------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from sqlalchemy import (
     Text,
     bindparam,
     insert,
+    select,
     text,
 )
 from sqlalchemy.engine import Connection, Engine
@@ -108,6 +109,16 @@ def write(conn: Connection, records: Sequence[PlacementRecord]) -> None:
     if records:
         now = dt.datetime.now(dt.UTC)
         conn.execute(insert(placements), [r.row(now) for r in records])
+
+
+def dispatched(conn: Connection, tries: Collection[tuple[str, int]]) -> set[tuple[str, int]]:
+    """Of these ``(ti_id, try_number)``, those with a placement recorded: the executor records a
+    placement only once Celery accepted the task (a task it held, or never got to, has none)."""
+    if not tries:
+        return set()
+    ids = sorted({ti_id for ti_id, _ in tries})
+    rows = conn.execute(select(placements.c.ti_id, placements.c.try_number).where(placements.c.ti_id.in_(ids)))
+    return {(str(r.ti_id), int(r.try_number)) for r in rows} & set(tries)
 
 
 def outcomes_query(limit: int = 500, dag_ids: Collection[str] | None = None) -> Any:

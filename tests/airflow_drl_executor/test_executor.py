@@ -241,3 +241,40 @@ def test_only_what_celery_accepted_leaves_a_trace_and_a_ledger_entry(monkeypatch
     ex.trigger_tasks(8)
     assert [(k, r.task_id) for k, r in written] == [(a.ti.key, "a")]
     assert set(ex._pool_of) == set(ex._finish_at) == {a.ti.key}
+
+
+def test_adoption_hands_back_what_was_never_sent_and_keeps_the_rest_in_the_ledger(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a scheduler restart: running tasks are adopted and count as busy on their pools; a
+    queued one with a placement recorded is adopted; a queued one without (held for a better
+    pool when the old scheduler stopped) is handed back to be queued again, not watched as
+    PENDING until task_queued_timeout."""
+    import contextlib
+
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from airflow_drl_executor import traces
+
+    engine = create_engine("sqlite://")
+    traces.ensure_schema(engine)
+    monkeypatch.setattr("airflow.utils.session.create_session", contextlib.contextmanager(
+        lambda: (yield Session(engine))))
+    ex = DRLExecutor()
+    monkeypatch.setattr(ex, "bulk_state_fetcher", types.SimpleNamespace(
+        get_many=lambda results: {r.task_id: ("STARTED", None) for r in results}))
+    tis = []
+    for tid, state in (("r1", "running"), ("r2", "running"), ("sent", "queued"), ("held", "queued")):
+        ti = _workload(tid).ti
+        ti.queue, ti.state, ti.external_executor_id = "gpu", state, f"celery-{tid}"
+        tis.append(ti)
+    sent = tis[2]
+    with engine.begin() as conn:
+        traces.write(conn, [traces.PlacementRecord(
+            ti_id=str(sent.id), dag_id="etl", run_id="run1", task_id="sent", map_index=-1, try_number=1,
+            pool="gpu", vm_class="gpu-a10", score=0.0, reason="r", fallback=False, policy="gnn",
+            policy_version="1", request_id="q", decision_ms=1.0, features={}, celery_id="celery-sent")])
+    not_adopted = ex.try_adopt_task_instances(tis)
+    assert [ti.task_id for ti in not_adopted] == ["held"]
+    assert len(ex.running) == 3 and {p.name: p for p in ex.pool_states()}["gpu"].busy == 3
+    assert len({p.name: p for p in ex.pool_states()}["gpu"].free_at) == 3, "the ledger knows them"
