@@ -211,12 +211,16 @@ class GraphBuilder:
         ).all()
         finished: dict[str, set[str]] = {f"{d}/{r}": set() for d, r in runs}
         running: dict[str, set[str]] = {f"{d}/{r}": set() for d, r in runs}
+        # A mapped task has one row per instance: it is finished when every instance is, and
+        # running while any is.
+        states: dict[tuple[str, str], set[str]] = {}
         for dag_id, run_id, task_id, state in ti_rows:
-            key = f"{dag_id}/{run_id}"
-            state = str(state.value if hasattr(state, "value") else state) if state else ""
-            if state in FINISHED_STATES:
+            text = str(state.value if hasattr(state, "value") else state) if state else ""
+            states.setdefault((f"{dag_id}/{run_id}", task_id), set()).add(text)
+        for (key, task_id), seen in states.items():
+            if seen <= FINISHED_STATES:
                 finished[key].add(task_id)
-            elif state in RUNNING_STATES:
+            elif seen & RUNNING_STATES:
                 running[key].add(task_id)
         ages = {f"{d}/{r}": (time.time() - start.timestamp()) if start else 0.0 for d, r, start in run_rows}
         return [

@@ -32,3 +32,31 @@ def test_a_queue_naming_one_of_our_pools_is_a_pin() -> None:
 def test_bad_hints_name_the_task_and_field(hints: dict, message: str) -> None:
     with pytest.raises(SchemaError, match=message):
         _node(hints)
+
+
+class _Rows:
+    def __init__(self, rows: list[tuple]) -> None:
+        self.rows = rows
+
+    def all(self) -> list[tuple]:
+        return self.rows
+
+
+class _Session:
+    """Answers the two queries of ``GraphBuilder._progress``: task-instance states, then runs."""
+
+    def __init__(self, ti_rows: list[tuple]) -> None:
+        self.answers = [ti_rows, [("etl", "r1", None)]]
+
+    def execute(self, stmt: object) -> _Rows:
+        return _Rows(self.answers.pop(0))
+
+
+def test_a_mapped_task_is_finished_only_when_every_instance_is() -> None:
+    from airflow_drl_executor.graph_builder import GraphBuilder
+
+    gb = GraphBuilder(pool_names=POOLS, default_queue="default", default_duration_s=60, history_ttl_s=300)
+    rows = [("etl", "r1", "m", "success"), ("etl", "r1", "m", "running"), ("etl", "r1", "m", "queued"),
+            ("etl", "r1", "done", "success"), ("etl", "r1", "done", "skipped"), ("etl", "r1", "later", None)]
+    (p,) = gb._progress({("etl", "r1")}, _Session(rows))  # type: ignore[arg-type]
+    assert (p.finished, p.running) == (("done",), ("m",))
