@@ -123,7 +123,7 @@ class DRLExecutor(CeleryExecutor):
         not_adopted = list(super().try_adopt_task_instances(keep)) if keep else []
         now = time.time()
         for ti in keep:
-            key = self.get_task_key(ti) if self.supports_task_instance_uuid else ti.key
+            key = self._ti_key(ti)
             if key in self.running and ti.queue in self.catalogue.names:
                 self._pool_of[key] = ti.queue
                 self._finish_at[key] = now + self.drl_config.default_duration_s
@@ -184,7 +184,11 @@ class DRLExecutor(CeleryExecutor):
             self._record(sent)
 
     def _key(self, workload: Any) -> Any:
-        return self.get_task_key(workload.ti) if self.supports_task_instance_uuid else workload.ti.key
+        return self._ti_key(workload.ti)
+
+    def _ti_key(self, ti: Any) -> Any:
+        """The key of ``ti`` in ``running``/``queued_tasks`` (as CeleryExecutor computes it)."""
+        return self.get_task_key(ti) if self.supports_task_instance_uuid else ti.key
 
     def pool_states(self) -> tuple[PoolState, ...]:
         """The catalogue's pools with the slots this executor has in flight on each, the expected
@@ -202,7 +206,7 @@ class DRLExecutor(CeleryExecutor):
             workers, up = spec.workers, True
             if live is not None:
                 workers = live.get(spec.name, 0)
-                up = workers > 0 or (spec.min_workers if spec.min_workers is not None else spec.workers) == 0
+                up = workers > 0 or spec.floor == 0
             st = spec.state(busy=busy.get(spec.name, 0), workers=workers, up=up)
             top = (spec.max_workers if spec.max_workers is not None else spec.workers) * spec.slots_per_worker
             out.append(replace(st, max_slots=top if spec.elastic and top > st.slots else None, boot_s=spec.boot_delay_s,
@@ -291,6 +295,11 @@ class DRLExecutor(CeleryExecutor):
             key = self._key(w)
             decision = decisions.get((inst.run_key, inst.task_id))
             waited = now - self._held_since.get(key, now)
+            if budget is not None and len(placed) >= budget:
+                if decision is None:  # the policy waits: its clock runs as for any held task
+                    self._held_since.setdefault(key, now)
+                held.add(id(w))  # no slot left this heartbeat: offered again at the next
+                continue
             if decision is None:
                 if waited < self.drl_config.max_wait_s:
                     self._held_since.setdefault(key, now)
@@ -299,9 +308,6 @@ class DRLExecutor(CeleryExecutor):
                 decision = self._fallback([ReadyTask(inst.run_key, inst.task_id)], pools, graphs,
                                           f"waited {waited:.0f}s for a better pool, placing now"
                                           )[(inst.run_key, inst.task_id)]
-            if budget is not None and len(placed) >= budget:
-                held.add(id(w))  # no slot left this heartbeat: offered again at the next
-                continue
             self._held_since.pop(key, None)
             placed.append(w)
             w.ti.queue = decision.pool

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from policy.errors import SchemaError
+from policy.graph import view
 from policy.schema import ReadyTask, RunGraph, RunProgress, TaskNode
 
 if TYPE_CHECKING:
@@ -105,12 +106,10 @@ class GraphBuilder:
         for inst in ready:
             if inst.run_key not in newest or inst.dag_version_id > newest[inst.run_key].dag_version_id:
                 newest[inst.run_key] = inst
-        known: dict[str, set[str]] = {}
         for run_key, inst in newest.items():
             graphs[run_key] = self._graph(inst, session)
-            known[run_key] = {t.task_id for t in graphs[run_key].tasks}
         for inst in ready:
-            if inst.task_id not in known[inst.run_key]:
+            if inst.task_id not in view(graphs[inst.run_key]).index:
                 continue  # not in that version: the executor places it itself (no ReadyTask)
             key = (inst.run_key, inst.task_id)
             if key not in tasks:  # mapped instances share one node

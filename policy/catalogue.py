@@ -64,10 +64,14 @@ class PoolSpec:
         return self.workers * self.slots_per_worker
 
     @property
+    def floor(self) -> int:
+        """The fewest workers the pool runs (``min_workers``, else ``workers``); 0: it may scale to zero."""
+        return self.workers if self.min_workers is None else self.min_workers
+
+    @property
     def elastic(self) -> bool:
-        lo = self.workers if self.min_workers is None else self.min_workers
         hi = self.workers if self.max_workers is None else self.max_workers
-        return (lo, hi) != (self.workers, self.workers)
+        return (self.floor, hi) != (self.workers, self.workers)
 
     def state(self, *, busy: int = 0, queued: int = 0, up: bool = True, workers: int | None = None,
               failure_rate: float = 0.0) -> PoolState:
