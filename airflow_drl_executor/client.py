@@ -8,7 +8,6 @@ server whose heartbeat is stale is skipped at once too.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import OrderedDict
@@ -27,7 +26,7 @@ from policy.schema import (
     dumps,
     loads_json,
 )
-from policy.transport import PAYLOAD_FIELD, STREAM_MAXLEN, Keys, tls_options
+from policy.transport import PAYLOAD_FIELD, STREAM_MAXLEN, Keys, heartbeat_ts, tls_options
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +44,12 @@ class PlacementUnavailable(Exception):
 class PlacementClient:
     """Sends :class:`PlacementRequest` s to the policy servers and waits for the reply.
 
-    Graphs already sent are remembered (``run_key -> digest``, bounded LRU) and sent again as
-    :class:`RunRef`; an ``unknown_graph`` reply (server restarted, cache evicted) makes the client
-    resend the full graphs once, if the deadline allows.
+    Graphs a server has accepted (sent in full, and the reply was not an error) are remembered
+    (``run_key -> digest``, bounded LRU) and sent again as :class:`RunRef`; an ``unknown_graph``
+    reply (server restarted, cache evicted) makes the client resend the full graphs once, if the
+    deadline allows, under a request id of its own (``<id>.r``), so a late reply to the first try
+    is never taken for the answer. A request larger than ``max_request_bytes`` (the servers'
+    limit) is not sent at all: the fallback places it.
     """
 
     def __init__(
@@ -61,6 +63,7 @@ class PlacementClient:
         backoff_max_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         remembered_runs: int = 10_000,
+        max_request_bytes: int = 8 * 1024 * 1024,
     ) -> None:
         self.keys = Keys(prefix)
         self.timeout_s = timeout_ms / 1000.0
@@ -76,6 +79,7 @@ class PlacementClient:
         )
         self._sent: OrderedDict[str, str] = OrderedDict()
         self._remembered_runs = remembered_runs
+        self.max_request_bytes = max_request_bytes
         self._failures = 0
         self._retry_at = 0.0
         self._last_error = ""
@@ -105,11 +109,8 @@ class PlacementClient:
             raise PlacementUnavailable(f"redis error: {exc}") from exc
         self._failures = 0
         if not reply.ok:
-            if reply.error_code == "unknown_graph":
-                for run_key in graphs:
-                    self._sent.pop(run_key, None)
             raise PlacementUnavailable(f"policy server error {reply.error_code}: {reply.error}")
-        return reply
+        return replace(reply, request_id=request.request_id)
 
     def close(self) -> None:
         self._redis.close()
@@ -125,11 +126,14 @@ class PlacementClient:
             raise PlacementUnavailable(self._live_reason)
 
     def _liveness(self) -> str | None:
-        beats = self._redis.hgetall(self.keys.heartbeat)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hgetall(self.keys.heartbeat)
+        pipe.time()  # heartbeats are on Redis's clock, and so is their age
+        beats, (sec, usec) = pipe.execute()
         if not beats:
             return "no policy server has registered a heartbeat"
-        wall = time.time()
-        freshest = max((_heartbeat_ts(v) for v in beats.values()), default=0.0)
+        wall = sec + usec / 1e6
+        freshest = max((heartbeat_ts(v) for v in beats.values()), default=0.0)
         age = wall - freshest
         if age > self.stale_after_s:
             return f"no live policy server (freshest heartbeat {age:.0f}s old)"
@@ -152,30 +156,41 @@ class PlacementClient:
             raise PlacementUnavailable(f"no reply within {self.timeout_s * 1000:.0f} ms")
         message = replace(
             request,
+            request_id=f"{request.request_id}.r" if resend else request.request_id,
             runs=self._entries(graphs, resend),
             created_at=time.time(),
             deadline_ms=remaining * 1000.0,
         )
-        reply_key = self.keys.reply(request.request_id)
+        payload = dumps(message)
+        if len(payload) > self.max_request_bytes:
+            for run_key in graphs:
+                self._sent.pop(run_key, None)
+            raise PlacementUnavailable(f"request of {len(payload)} bytes exceeds the policy servers' limit "
+                                       f"of {self.max_request_bytes}; not sent")
+        reply_key = self.keys.reply(message.request_id)
         pipe = self._redis.pipeline(transaction=False)
         pipe.delete(reply_key)
-        pipe.xadd(
-            self.keys.requests, {PAYLOAD_FIELD: dumps(message)}, maxlen=STREAM_MAXLEN, approximate=True
-        )
+        pipe.xadd(self.keys.requests, {PAYLOAD_FIELD: payload}, maxlen=STREAM_MAXLEN, approximate=True)
         pipe.execute()
-        for entry in message.runs:
-            if isinstance(entry, RunGraph):
-                self._remember(entry)
         remaining = deadline - self._clock()
         got = self._redis.blpop([reply_key], timeout=max(remaining, 0.001))
-        if got is None:
+        if got is None:  # the server may or may not hold the graphs: send them in full next time
+            for run_key in graphs:
+                self._sent.pop(run_key, None)
             raise PlacementUnavailable(f"no reply within {self.timeout_s * 1000:.0f} ms")
         try:
             reply = PlacementReply.from_json(loads_json(got[1], max_bytes=MAX_REPLY_BYTES))
         except SchemaError as exc:
             raise PlacementUnavailable(f"malformed reply: {exc}") from exc
-        if reply.request_id != request.request_id:
-            raise PlacementUnavailable(f"reply for {reply.request_id!r}, expected {request.request_id!r}")
+        if reply.request_id != message.request_id:
+            raise PlacementUnavailable(f"reply for {reply.request_id!r}, expected {message.request_id!r}")
+        if reply.ok:  # the server has them now (cached, and in the shared store)
+            for entry in message.runs:
+                if isinstance(entry, RunGraph):
+                    self._remember(entry)
+        else:  # an error reply: which graphs it kept is unknown; resend them next time
+            for run_key in graphs:
+                self._sent.pop(run_key, None)
         return reply
 
     def _remember(self, graph: RunGraph) -> None:
@@ -192,17 +207,3 @@ class PlacementClient:
         self._sent.clear()  # the server side may have restarted with the Redis
         log.warning("Redis error %s (failure %d); placement falls back for %.1fs", exc, self._failures, delay)
 
-
-def _heartbeat_ts(value: bytes | str) -> float:
-    """Heartbeat values are epoch seconds, bare or as JSON ``{"ts": ...}``."""
-    text = value.decode() if isinstance(value, bytes) else value
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return 0.0
-    ts = obj.get("ts") if isinstance(obj, dict) else None
-    return float(ts) if isinstance(ts, (int, float)) else 0.0

@@ -71,10 +71,12 @@ class ServerConfig:
     block_ms: int = 200
     #: Largest request payload accepted, in bytes; larger ones get a ``bad_request`` reply.
     max_request_bytes: int = 8 * 1024 * 1024
-    #: Pending entries idle longer than this (ms) are claimed from a dead replica (XAUTOCLAIM).
-    claim_idle_ms: int = 1000
+    #: Pending entries idle longer than this (ms) are claimed from a replica that crashed or is
+    #: stuck (XAUTOCLAIM); below the executor's decision deadline (200 ms) so they are still
+    #: answered in time. Safe against a merely slow replica: only the owner at reply time answers.
+    claim_idle_ms: int = 100
     #: Seconds between XAUTOCLAIM sweeps.
-    claim_interval_s: float = 0.5
+    claim_interval_s: float = 0.05
     #: Most graphs kept in the per-run graph cache ...
     graph_cache_entries: int = 4096
     #: ... and the bound on their estimated size in bytes: the graphs and what the server derives
@@ -83,6 +85,11 @@ class ServerConfig:
     graph_cache_bytes: int = 256 * 1024 * 1024
     #: Seconds a cached graph lives after its last use.
     graph_cache_ttl_s: float = 3600.0
+    #: Seconds a graph lives in the shared graph store (``Keys.graph``) after it was last read
+    #: there, so any replica resolves a RunRef another was sent in full (0: no shared store; each
+    #: replica then asks the client for graphs it was not sent). Redis holds ~one JSON graph per
+    #: run in flight (~30 KB for 200 tasks).
+    graph_store_ttl_s: float = 3600.0
     #: Sampling temperature over pool scores (0: greedy, the production default).
     temperature: float = 0.0
     #: Seed of the sampling generator (used only when temperature > 0).
@@ -116,6 +123,9 @@ class ServerConfig:
     gc_full_s: float = 3600.0
     #: Seconds between heartbeats written to ``Keys.heartbeat``.
     heartbeat_s: float = 2.0
+    #: Heartbeats older than this (seconds) are removed: replicas that crashed (one that stops
+    #: cleanly removes its own), with their consumers once nothing is pending for them.
+    heartbeat_prune_s: float = 60.0
     #: Reconnect backoff after losing Redis: first delay in seconds (doubling, jittered) ...
     reconnect_base_s: float = 0.1
     #: ... and its cap in seconds.
@@ -147,15 +157,18 @@ class ServerConfig:
             ("batch_max", 1), ("block_ms", 1), ("max_request_bytes", 1024), ("claim_idle_ms", 1),
             ("graph_cache_entries", 1), ("graph_cache_bytes", 1024), ("batch_wait_ms", 0),
             ("skew_fallback_n", 0), ("metrics_port", 0), ("seed", 0), ("torch_threads", 0),
-            ("gc_freeze_s", 0), ("gc_full_s", 0),
+            ("gc_freeze_s", 0), ("gc_full_s", 0), ("graph_store_ttl_s", 0),
         ):
             value = getattr(self, name)
             if value < lo:
                 raise ConfigError(f"{name}: must be >= {lo}, got {value!r}")
         for name in ("registry_poll_s", "claim_interval_s", "graph_cache_ttl_s", "heartbeat_s",
-                     "reconnect_base_s", "reconnect_max_s"):
+                     "heartbeat_prune_s", "reconnect_base_s", "reconnect_max_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)!r}")
+        if self.heartbeat_prune_s < 3 * self.heartbeat_s:
+            raise ConfigError(f"heartbeat_prune_s: {self.heartbeat_prune_s} would remove live replicas' "
+                              f"heartbeats (at least 3 x heartbeat_s {self.heartbeat_s})")
         if self.reconnect_max_s < self.reconnect_base_s:
             raise ConfigError(
                 f"reconnect_max_s: {self.reconnect_max_s} is below reconnect_base_s {self.reconnect_base_s}"

@@ -36,7 +36,7 @@ class ServerMetrics:
         )
         self.request_age = Histogram(
             "drl_policy_request_age_seconds",
-            "Age of a request when its reply is pushed (client created_at to reply; clock skew applies)",
+            "Age of a request when its reply is pushed (from Redis adding it, on Redis's clock)",
             buckets=_LATENCY_BUCKETS, registry=r,
         )
         self.batch_size = Histogram(
@@ -50,7 +50,9 @@ class ServerMetrics:
             "drl_policy_pending", "Entries delivered to the group and not yet acknowledged", registry=r
         )
         self.requests = Counter(
-            "drl_policy_requests_total", "Requests by outcome (ok, an error code, or dropped_late)",
+            "drl_policy_requests_total",
+            "Requests by outcome (ok, an error code, dropped_late, or taken_over: claimed by another "
+            "replica before this one answered)",
             ["outcome"], registry=r,
         )
         self.decisions = Counter(
@@ -69,6 +71,11 @@ class ServerMetrics:
         )
         self.claimed = Counter(
             "drl_policy_claimed_total", "Pending entries taken over from another replica (XAUTOCLAIM)",
+            registry=r,
+        )
+        self.graph_store_hits = Counter(
+            "drl_policy_graph_store_hits_total",
+            "Graphs referenced by RunRef that another replica was sent, read from the shared store",
             registry=r,
         )
         self.reconnects = Counter(

@@ -13,12 +13,20 @@ Choices worth knowing:
   unanswered by the deadline check, which is cheap).
 - Entries are deleted once answered, so the stream holds only unanswered requests (full graphs
   can be large; ``MAXLEN ~`` on the client side bounds the rest).
-- A request whose ``created_at + deadline_ms`` has passed is dropped without a reply: the client
-  has already fallen back and would not read it. Deadlines use wall clocks (``time.time``) on both
-  sides, so hosts need synchronised clocks (NTP).
-- A replica takes over entries another replica read but never acknowledged (it crashed) with
-  ``XAUTOCLAIM`` once they are ``claim_idle_ms`` old; those still within their deadline are
-  answered, the rest time out into the client's fallback.
+- A request is dropped without a reply once ``deadline_ms`` have passed since Redis added it (its
+  entry id is Redis's clock in milliseconds; the replica tracks Redis's clock by ``TIME``): the
+  client has already fallen back and would not read it. No two hosts' clocks are compared.
+- A replica takes over entries another replica read but has not acknowledged (it crashed, or is
+  stuck) with ``XAUTOCLAIM`` once they are ``claim_idle_ms`` old, so a crashed replica's requests
+  are still answered within the executor's deadline. Exactly one reply per request: replies,
+  ``XACK`` and ``XDEL`` go in one Lua script that answers only the entries this replica still owns
+  (``XPENDING ... consumer``), so a slow replica whose entries were taken over drops its answers.
+- A graph sent in full is kept in the replica's :class:`~policy.graph_cache.GraphCache` and, by
+  the same script, in the shared graph store (``Keys.graph``, TTL ``graph_store_ttl_s``): a
+  :class:`~policy.schema.RunRef` read by another replica is resolved from there (``GETEX``), not
+  bounced back to the client as ``unknown_graph``.
+- Heartbeats older than ``heartbeat_prune_s`` (replicas that crashed) are removed from
+  ``Keys.heartbeat``, and their consumers from the group once nothing is pending for them.
 - Losing Redis is not fatal: the loop reconnects with capped, jittered exponential backoff.
 - SIGTERM/SIGINT finish the batch in hand, acknowledge it, and exit 0.
 - Requests are micro-batched: one read takes everything queued (up to ``batch_max``), and with
@@ -66,7 +74,7 @@ from policy.schema import (
     dumps,
     loads_json,
 )
-from policy.transport import PAYLOAD_FIELD, REPLY_TTL_S, Keys, tls_options
+from policy.transport import PAYLOAD_FIELD, REPLY_TTL_S, Keys, heartbeat_ts, tls_options
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +84,38 @@ _REQUEST_ID = re.compile(rb'"request_id"\s*:\s*"([A-Za-z0-9_.:@/+=-]{1,200})"')
 _MAX_REQUEST_ID = 200
 #: while waiting for a micro-batch to fill (``batch_wait_ms``), seconds between non-blocking reads
 _BATCH_POLL_S = 0.0005
+#: a request's deadline when it names none, ms
+_DEFAULT_DEADLINE_MS = 250.0
+
+#: Store the batch's new graphs, then reply to, acknowledge and delete the entries this replica
+#: still owns; returns the ids of those it no longer owns (another replica took them over).
+#: KEYS[1]: the request stream. ARGV: group, consumer, reply TTL, graph TTL, number of graphs G,
+#: G (key, graph JSON) pairs, then (entry id, reply key, reply JSON) triples ('' key: no reply).
+_REPLY_LUA = """
+local stream, group, me = KEYS[1], ARGV[1], ARGV[2]
+local reply_ttl, graph_ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
+local i = 6
+for _ = 1, tonumber(ARGV[5]) do
+  redis.call('SET', ARGV[i], ARGV[i + 1], 'NX', 'EX', graph_ttl)
+  i = i + 2
+end
+local lost = {}
+while i <= #ARGV do
+  local id, key = ARGV[i], ARGV[i + 1]
+  if #redis.call('XPENDING', stream, group, id, id, 1, me) > 0 then
+    if key ~= '' then
+      redis.call('RPUSH', key, ARGV[i + 2])
+      redis.call('EXPIRE', key, reply_ttl)
+    end
+    redis.call('XACK', stream, group, id)
+    redis.call('XDEL', stream, id)
+  else
+    lost[#lost + 1] = id
+  end
+  i = i + 3
+end
+return lost
+"""
 
 
 class RequestRejected(PolicyError):
@@ -92,6 +132,8 @@ class _Job:
 
     entry_id: bytes
     read_at: float
+    #: when Redis added the entry, on Redis's clock (ms; None: not a Redis entry id)
+    entry_ms: int | None = None
     request_id: str | None = None
     request: PlacementRequest | None = None
     graphs: dict[str, RunGraph] | None = None
@@ -172,6 +214,10 @@ class PolicyServer:
         self._ready = False
         self.connected = False
         self._claim_cursor = "0-0"
+        #: Redis's clock minus ours, seconds (None until measured: deadlines then use created_at)
+        self._clock_offset: float | None = None
+        self._new_graphs: list[RunGraph] = []
+        self._reply_script: Any = None
         self._next_claim = 0.0
         self._next_heartbeat = 0.0
         self._next_freeze = 0.0
@@ -257,10 +303,23 @@ class PolicyServer:
             if "BUSYGROUP" not in str(exc):
                 raise
         self._redis = r
+        self._reply_script = r.register_script(_REPLY_LUA)
+        self._sync_clock(r)
         self._ready = True
         self.connected = True
         self._next_heartbeat = 0.0
         log.info("connected to %s", self.config.safe_redis_url)
+
+    def _sync_clock(self, r: redis.Redis) -> None:
+        """Measure Redis's clock against ours (``TIME``, half the round trip taken off)."""
+        t0 = time.time()
+        sec, usec = r.time()
+        t1 = time.time()
+        self._clock_offset = sec + usec / 1e6 - (t0 + t1) / 2
+
+    def redis_now(self) -> float:
+        """Redis's clock now, epoch seconds (ours until it has been measured)."""
+        return time.time() + (self._clock_offset or 0.0)
 
     def _goodbye(self) -> None:
         if self.registry is not None:
@@ -347,14 +406,36 @@ class PolicyServer:
             self.cache.expire()
             self.metrics.graph_cache_entries.set(len(self.cache))
             self.metrics.graph_cache_bytes.set(self.cache.bytes)
-            beat = json.dumps({"ts": time.time(), "version": self.version, "device": self.device,
+            self._sync_clock(r)
+            beat = json.dumps({"ts": self.redis_now(), "version": self.version, "device": self.device,
                                "pid": os.getpid(), "handled": self.handled})
             r.hset(self.keys.heartbeat, self.config.consumer, beat)
+            self._prune_heartbeats(r)
             for g in r.xinfo_groups(self.keys.requests):
                 name = g["name"].decode() if isinstance(g["name"], bytes) else g["name"]
                 if name == self.keys.group:
                     self.metrics.pending.set(g.get("pending") or 0)
                     self.metrics.queue_depth.set(g.get("lag") or 0)
+
+    def _prune_heartbeats(self, r: redis.Redis) -> None:
+        """Remove the heartbeats of replicas silent for ``heartbeat_prune_s`` (they crashed: a
+        replica that stops cleanly removes its own), and their consumers once none of their
+        entries is pending (the live replicas claim those first)."""
+        limit = self.config.heartbeat_prune_s
+        now = self.redis_now()
+        beats: Any = r.hgetall(self.keys.heartbeat)
+        dead = {(k.decode() if isinstance(k, bytes) else str(k)) for k, v in beats.items()
+                if now - heartbeat_ts(v) > limit}
+        dead.discard(self.config.consumer)
+        if dead:
+            r.hdel(self.keys.heartbeat, *dead)
+            log.info("removed the heartbeats of %d silent replica(s): %s", len(dead), ", ".join(sorted(dead)))
+        live = {(k.decode() if isinstance(k, bytes) else str(k)) for k in beats} - dead
+        for c in r.xinfo_consumers(self.keys.requests, self.keys.group):
+            name = c["name"].decode() if isinstance(c["name"], bytes) else c["name"]
+            if name not in live and name != self.config.consumer and c["pending"] == 0 \
+                    and c["idle"] > limit * 1000:
+                r.xgroup_delconsumer(self.keys.requests, self.keys.group, name)
 
     def _forget_run(self, key: tuple[str, str]) -> None:
         """A graph left the cache: drop what was derived from it, so the cache's bounds hold for
@@ -396,8 +477,9 @@ class PolicyServer:
         """Decode, resolve, decide and build replies for a batch of stream entries."""
         read_at = time.perf_counter()
         jobs: list[_Job] = []
+        self._new_graphs = []
         for entry_id, fields in entries:
-            job = _Job(entry_id=entry_id, read_at=read_at)
+            job = _Job(entry_id=entry_id, read_at=read_at, entry_ms=_entry_ms(entry_id))
             jobs.append(job)
             try:
                 self._decode(job, fields)
@@ -448,7 +530,7 @@ class PolicyServer:
         rid = obj.get("request_id")
         if isinstance(rid, str) and 0 < len(rid) <= _MAX_REQUEST_ID:
             job.request_id = rid
-        if self._is_late(obj.get("created_at"), obj.get("deadline_ms")):
+        if self._is_late(job, obj.get("created_at"), obj.get("deadline_ms")):
             job.late = True
             return
         try:
@@ -463,12 +545,16 @@ class PolicyServer:
             req = dataclasses.replace(req, pools=self.catalogue.states())
         job.request = req
 
-    @staticmethod
-    def _is_late(created_at: Any, deadline_ms: Any) -> bool:
+    def _is_late(self, job: _Job, created_at: Any, deadline_ms: Any) -> bool:
+        """Past its deadline: ``deadline_ms`` after Redis added the entry, on Redis's clock (a
+        request without ``created_at`` has none). Until Redis's clock is known (the batch did not
+        come from Redis: tests, tools) the deadline counts from ``created_at`` on our clock."""
         if not isinstance(created_at, (int, float)) or isinstance(created_at, bool) or created_at <= 0:
             return False
         if not isinstance(deadline_ms, (int, float)) or isinstance(deadline_ms, bool):
-            deadline_ms = 250.0
+            deadline_ms = _DEFAULT_DEADLINE_MS
+        if self._clock_offset is not None and job.entry_ms is not None:
+            return self.redis_now() * 1000 > job.entry_ms + deadline_ms
         return time.time() > created_at + deadline_ms / 1000
 
     def _resolve(self, req: PlacementRequest) -> dict[str, RunGraph]:
@@ -481,14 +567,17 @@ class PolicyServer:
                     view(run)  # rejects cycles before the graph is cached
                 except SchemaError as exc:
                     raise RequestRejected("bad_request", str(exc)) from exc
+                if self.cache.get(run.run_key, run.digest) is None:
+                    self._new_graphs.append(run)  # for the shared store, with the replies
                 self.cache.put(run)
                 graphs[run.run_key] = run
             elif isinstance(run, RunRef):
                 entry = self.cache.get(run.run_key, run.digest)
-                if entry is None:
+                graph = entry.graph if entry is not None else self._stored_graph(run)
+                if graph is None:
                     missing.append(f"{run.run_key}@{run.digest}")
                 else:
-                    graphs[run.run_key] = entry.graph
+                    graphs[run.run_key] = graph
         for ready in req.ready:
             if ready.run_key in graphs:
                 continue
@@ -509,6 +598,31 @@ class PolicyServer:
                 )
         return graphs
 
+    def _stored_graph(self, ref: RunRef) -> RunGraph | None:
+        """The graph ``ref`` names from the shared store (another replica was sent it), cached
+        here from now on; None when it is not there (or the store is off, or unreachable)."""
+        r = self._redis
+        if r is None or self.config.graph_store_ttl_s <= 0:
+            return None
+        try:
+            raw: Any = r.getex(self.keys.graph(ref.run_key, ref.digest), ex=int(self.config.graph_store_ttl_s))
+        except redis.RedisError as exc:
+            log.warning("graph store unavailable (%s): %s answered unknown_graph", exc, ref.run_key)
+            return None
+        if raw is None:
+            return None
+        try:
+            graph = RunGraph.from_json(loads_json(raw, max_bytes=self.config.max_request_bytes))
+            view(graph)
+        except SchemaError as exc:  # not what a replica wrote: ask the client for the graph instead
+            log.warning("graph store entry of %s@%s refused: %s", ref.run_key, ref.digest, exc)
+            return None
+        if graph.run_key != ref.run_key or graph.digest != ref.digest:
+            return None
+        self.cache.put(graph)
+        self.metrics.graph_store_hits.inc()
+        return graph
+
     def _error(self, job: _Job, code: str, message: str) -> PlacementReply | None:
         self.metrics.requests.labels(outcome=code).inc()
         log.warning("request %s (entry %s): %s: %s", job.request_id, job.entry_id.decode(), code,
@@ -520,37 +634,50 @@ class PolicyServer:
                               error=message[:2000])
 
     def _reply(self, r: redis.Redis, jobs: Sequence[_Job]) -> None:
-        pipe = r.pipeline(transaction=True)
-        ids = [j.entry_id for j in jobs]
+        """One script call (:data:`_REPLY_LUA`): the batch's new graphs into the shared store,
+        then the replies to, and the acknowledgement of, the entries this replica still owns."""
+        args: list[Any] = [self.keys.group, self.config.consumer, REPLY_TTL_S,
+                           max(1, int(self.config.graph_store_ttl_s))]
+        stored = self._new_graphs if self.config.graph_store_ttl_s > 0 else []
+        args.append(len(stored))
+        for g in stored:
+            args += [self.keys.graph(g.run_key, g.digest), json.dumps(g.to_json(), separators=(",", ":"))]
         answered: list[_Job] = []
+        late = 0
         for job in jobs:
             if job.reply is not None and not job.late and job.request is not None:
-                if self._is_late(job.request.created_at, job.request.deadline_ms):
+                if self._is_late(job, job.request.created_at, job.request.deadline_ms):
                     job.late = True
             if job.late:
-                self.metrics.requests.labels(outcome="dropped_late").inc()
+                late += 1
                 log.debug("request %s dropped: past its deadline", job.request_id)
-                continue
-            if job.reply is None:
-                continue
-            key = self.keys.reply(job.reply.request_id)
-            pipe.rpush(key, dumps(job.reply))
-            pipe.expire(key, REPLY_TTL_S)
-            answered.append(job)
-        pipe.xack(self.keys.requests, self.keys.group, *ids)
-        pipe.xdel(self.keys.requests, *ids)
-        pipe.execute()
+                args += [job.entry_id, "", ""]
+            elif job.reply is None:
+                args += [job.entry_id, "", ""]
+            else:
+                args += [job.entry_id, self.keys.reply(job.reply.request_id), dumps(job.reply)]
+                answered.append(job)
+        lost = set(self._reply_script(keys=[self.keys.requests], args=args))
+        self._new_graphs = []
         done = time.perf_counter()
-        now = time.time()
+        if late:
+            self.metrics.requests.labels(outcome="dropped_late").inc(late)
+        if lost:  # another replica claimed them meanwhile and answers them (or has)
+            self.metrics.requests.labels(outcome="taken_over").inc(len(lost))
+            log.warning("%d request(s) of this batch were taken over by another replica; not answered "
+                        "twice", len(lost))
+        now = self.redis_now()
         for job in answered:
             assert job.reply is not None
+            if job.entry_id in lost:
+                continue
             self.metrics.request_latency.observe(done - job.read_at)
             if job.reply.ok:
                 self.metrics.requests.labels(outcome="ok").inc()
                 self._count_decisions(job.reply.decisions)
-                if job.request is not None and job.request.created_at > 0:
-                    self.metrics.request_age.observe(max(0.0, now - job.request.created_at))
-        self.handled += len(jobs)
+                if job.entry_ms is not None:
+                    self.metrics.request_age.observe(max(0.0, now - job.entry_ms / 1000))
+        self.handled += len(jobs) - len(lost)
 
     def _count_decisions(self, decisions: Sequence[Decision]) -> None:
         counts: dict[str, int] = {}
@@ -576,6 +703,12 @@ class PolicyServer:
             "handled": self.handled,
             "graph_cache_entries": len(self.cache),
         }
+
+
+def _entry_ms(entry_id: bytes) -> int | None:
+    """The milliseconds part of a stream entry id (``<ms>-<seq>``): when Redis added it."""
+    ms, _, _ = entry_id.partition(b"-")
+    return int(ms) if ms.isdigit() else None
 
 
 def _torch_threads(n: int) -> None:

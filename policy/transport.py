@@ -3,11 +3,17 @@
 Requests go to one Redis stream read through a consumer group, so several server replicas share
 the queue and a crashed replica's pending entries can be claimed by another. Each reply is pushed
 to a per-request list that the client blocks on, with a short TTL so nothing accumulates when the
-client has given up.
+client has given up. A graph one replica was sent in full is also stored under ``Keys.graph`` (with
+a TTL), so a later reference to it is resolved by whichever replica reads that request.
+
+Time is Redis's: a request's deadline counts from its stream entry id (the milliseconds at which
+Redis added it) and heartbeats carry Redis's clock, so the hosts of the executor and of the
+replicas need not agree on the time.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +40,11 @@ class Keys:
     def reply(self, request_id: str) -> str:
         """The list a reply to ``request_id`` is pushed to."""
         return f"{self.prefix}:reply:{request_id}"
+
+    def graph(self, run_key: str, digest: str) -> str:
+        """The graph store's copy of one run's graph at ``digest``: every replica can resolve a
+        :class:`~policy.schema.RunRef` that another replica was sent in full."""
+        return f"{self.prefix}:graph:{digest}:{run_key}"
 
     @property
     def heartbeat(self) -> str:
@@ -68,3 +79,19 @@ def tls_options(redis_url: str, ca_cert: str | None) -> dict[str, Any]:
     """``redis.Redis.from_url`` keyword arguments for TLS: the CA bundle, when one is given
     for a ``rediss://`` URL (otherwise none: the system's trust store, or no TLS)."""
     return {"ssl_ca_certs": ca_cert} if ca_cert and redis_url.startswith("rediss://") else {}
+
+
+def heartbeat_ts(value: bytes | str) -> float:
+    """A heartbeat's time (epoch seconds on Redis's clock): bare, or JSON ``{"ts": ...}``; 0 if
+    unreadable (counts as long dead)."""
+    text = value.decode(errors="replace") if isinstance(value, bytes) else value
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return 0.0
+    ts = obj.get("ts") if isinstance(obj, dict) else None
+    return float(ts) if isinstance(ts, (int, float)) and not isinstance(ts, bool) else 0.0

@@ -43,15 +43,45 @@ def test_round_trip_then_graph_by_reference(redis_url: str, policy_server: Calla
 
 
 def test_unknown_graph_is_resent_in_full(redis_url: str, policy_server: Callable[..., PolicyServer]) -> None:
-    first = policy_server()
+    first = policy_server(graph_store_ttl_s=0)  # no shared store: nothing but the client has it
     client = _client(redis_url)
     g = _graph()
     client.place(_request("r1"), {g.run_key: g})
     first.stop()  # a restarted server has an empty graph cache
     time.sleep(0.1)
-    policy_server()
+    second = policy_server(graph_store_ttl_s=0)
     reply = client.place(_request("r2"), {g.run_key: g})
     assert reply.ok and reply.decisions[0].task_id == "a"
+    assert reply.request_id == "r2"  # the resend went as "r2.r"; a late reply to "r2" is not it
+    assert second.metrics.requests.labels(outcome="unknown_graph")._value.get() == 1
+
+
+def _big_graph(run: str = "d/big", n: int = 200) -> RunGraph:
+    tasks = tuple(TaskNode(f"task-{i:04d}", duration_s=10) for i in range(n))
+    return RunGraph(run, tasks, tuple((i, i + 1) for i in range(n - 1)))
+
+
+def test_a_refused_graph_is_not_taken_for_sent(redis_url: str,
+                                               policy_server: Callable[..., PolicyServer]) -> None:
+    server = policy_server(max_request_bytes=4096)
+    client = _client(redis_url)
+    g = _big_graph()
+    for rid in ("r1", "r2"):  # each time the full graph, refused: never a RunRef, never unknown_graph
+        with pytest.raises(PlacementUnavailable, match="bad_request.*exceeds the limit of 4096"):
+            client.place(_request(rid, run=g.run_key, task="task-0000"), {g.run_key: g})
+    assert server.metrics.requests.labels(outcome="bad_request")._value.get() == 2
+    assert server.metrics.requests.labels(outcome="unknown_graph")._value.get() == 0
+
+
+def test_a_request_over_the_limit_is_not_sent(redis_url: str,
+                                              policy_server: Callable[..., PolicyServer]) -> None:
+    server = policy_server()
+    client = _client(redis_url, max_request_bytes=4096)
+    g = _big_graph()
+    with pytest.raises(PlacementUnavailable, match="exceeds the policy servers' limit of 4096; not sent"):
+        client.place(_request("r1", run=g.run_key, task="task-0000"), {g.run_key: g})
+    assert redis.Redis.from_url(redis_url).xlen(Keys("t").requests) == 0
+    assert server.handled == 0
 
 
 def test_no_server_fails_fast_with_the_reason(redis_url: str) -> None:

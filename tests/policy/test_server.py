@@ -101,11 +101,24 @@ def test_oversized_request_gets_bad_request(start_server, rclient: redis.Redis) 
 
 
 def test_request_past_its_deadline_gets_no_reply(start_server, rclient: redis.Redis) -> None:
+    late = request([chain("late")], [("late", "t0")], deadline_ms=100)
+    send(rclient, late)  # queued while no replica runs, and 100 ms pass on Redis's clock
+    time.sleep(0.3)
     rs = start_server()
-    late = request([chain("late")], [("late", "t0")], created_at=time.time() - 10, deadline_ms=100)
-    assert ask(rclient, late, timeout_s=0.5) is None
+    assert wait_reply(rclient, late.request_id, timeout_s=0.5) is None
     assert rs.server.metrics.requests.labels(outcome="dropped_late")._value.get() == 1
     assert rclient.xpending(KEYS.requests, KEYS.group)["pending"] == 0
+
+
+@pytest.mark.parametrize("skew_s", [-30.0, 30.0])
+def test_a_client_with_a_skewed_clock_is_answered_within_its_deadline(start_server, rclient: redis.Redis,
+                                                                       skew_s: float) -> None:
+    """The deadline counts from when Redis added the request: the client's clock never enters."""
+    rs = start_server()
+    req = request([chain("skew")], [("skew", "t0")], created_at=time.time() + skew_s, deadline_ms=2000)
+    reply = ask(rclient, req, timeout_s=2)
+    assert reply is not None and reply.ok
+    assert rs.server.metrics.requests.labels(outcome="dropped_late")._value.get() == 0
 
 
 def test_pools_default_to_the_catalogue(start_server, rclient: redis.Redis) -> None:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import pytest
 import redis
@@ -17,6 +17,8 @@ from server_helpers import KEYS, ask, chain, request, send, wait_reply
 
 from policy.bench import PrivateRedis, start_redis, wait_for_server
 from policy.config import ServerConfig
+from policy.placement import EarliestFinishPlacer
+from policy.schema import Decision, PlacementRequest, RunGraph, RunRef
 from policy.server import PolicyServer
 
 pytestmark = pytest.mark.integration
@@ -154,3 +156,79 @@ def test_serve_starts_without_torch(redis_url: str, rclient: redis.Redis,
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
                          env={**os.environ})
     assert out.returncode == 0, out.stderr
+
+
+def test_a_graph_sent_to_one_replica_is_resolved_by_reference_on_another(start_server,
+                                                                         rclient: redis.Redis) -> None:
+    a = start_server(consumer="a")
+    g = chain("shared-graph", 30)
+    assert ask(rclient, request([g], [(g.run_key, "t0")])).ok  # type: ignore[union-attr]
+    a.stop()  # b never saw the graph: only the shared store has it
+    b = start_server(consumer="b")
+    by_ref = ask(rclient, request([RunRef(g.run_key, g.digest)], [(g.run_key, "t7")]))
+    assert by_ref is not None and by_ref.ok and by_ref.decisions[0].task_id == "t7"
+    assert b.server.metrics.graph_store_hits._value.get() == 1
+    assert (g.run_key, g.digest) in b.server.cache  # cached locally from then on
+    assert 0 < rclient.ttl(KEYS.graph(g.run_key, g.digest)) <= 3600
+
+
+def test_without_the_graph_store_another_replica_asks_for_the_graph(start_server,
+                                                                    rclient: redis.Redis) -> None:
+    a = start_server(consumer="a", graph_store_ttl_s=0)
+    g = chain("private-graph", 10)
+    assert ask(rclient, request([g], [(g.run_key, "t0")])).ok  # type: ignore[union-attr]
+    assert not rclient.exists(KEYS.graph(g.run_key, g.digest))
+    a.stop()
+    start_server(consumer="b", graph_store_ttl_s=0)
+    by_ref = ask(rclient, request([RunRef(g.run_key, g.digest)], [(g.run_key, "t1")]))
+    assert by_ref is not None and by_ref.error_code == "unknown_graph"
+
+
+class _SlowPlacer(EarliestFinishPlacer):
+    """Takes ``delay_s`` per request: a replica stuck long enough for its entries to be claimed."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+
+    def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
+        time.sleep(self.delay_s)
+        return super().place(request, graphs)
+
+
+def test_requests_taken_over_from_a_slow_replica_are_answered_exactly_once(start_server,
+                                                                           rclient: redis.Redis) -> None:
+    g = chain("slow", 10)
+    reqs = [request([g], [("slow", f"t{i}")], deadline_ms=10_000) for i in range(8)]
+    for req in reqs:
+        send(rclient, req)  # queued first, so that the slow replica reads all eight in one batch
+    slow = start_server(consumer="slow", placer=_SlowPlacer(0.6), batch_max=8, claim_idle_ms=10_000)
+    deadline = time.monotonic() + 5
+    while rclient.xpending(KEYS.requests, KEYS.group)["pending"] < 8 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the slow replica holds all eight, and sits on them for 4.8 s
+    fast = start_server(consumer="fast", claim_idle_ms=100)
+    replies = [wait_reply(rclient, req.request_id, timeout_s=5) for req in reqs]
+    assert all(r is not None and r.ok for r in replies)
+    assert fast.server.metrics.claimed._value.get() == 8
+    slow.stop()  # finishes its batch, finds the entries no longer its own, and answers none
+    assert slow.server.metrics.requests.labels(outcome="taken_over")._value.get() == 8
+    assert slow.server.metrics.requests.labels(outcome="ok")._value.get() == 0
+    assert all(rclient.llen(KEYS.reply(req.request_id)) == 0 for req in reqs), "a request answered twice"
+    assert rclient.xpending(KEYS.requests, KEYS.group)["pending"] == 0
+
+
+def test_heartbeats_of_crashed_replicas_are_pruned(start_server, rclient: redis.Redis) -> None:
+    rclient.hset(KEYS.heartbeat, "crashed", json.dumps({"ts": time.time() - 600}))
+    rclient.xgroup_create(KEYS.requests, KEYS.group, id="0", mkstream=True)
+    rclient.xgroup_createconsumer(KEYS.requests, KEYS.group, "crashed")
+    time.sleep(1.1)  # the consumer idles past heartbeat_prune_s
+    start_server(consumer="alive", heartbeat_prune_s=1.0)
+    deadline = time.monotonic() + 5
+    while rclient.hexists(KEYS.heartbeat, "crashed") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not rclient.hexists(KEYS.heartbeat, "crashed")
+    assert rclient.hexists(KEYS.heartbeat, "alive")
+    time.sleep(0.5)  # a few heartbeats later the live replica still has its own
+    assert rclient.hexists(KEYS.heartbeat, "alive")
+    names = {c["name"] for c in rclient.xinfo_consumers(KEYS.requests, KEYS.group)}
+    assert b"crashed" not in names
