@@ -61,8 +61,9 @@ def _expected(req: PlacementRequest) -> list[tuple[str, str, str]]:
 def test_a_micro_batch_is_decided_in_one_call_as_one_by_one(start_server, rclient: redis.Redis) -> None:
     reqs = _queue(rclient, 12)
     send_raw(rclient, '{"request_id": "bad-1", "ready": "not a list"}')  # an error reply, no harm
-    late = request([chain("dag/late")], [("dag/late", "t0")], created_at=time.time() - 60, deadline_ms=100)
-    send(rclient, late)  # past its deadline: dropped
+    late = request([chain("dag/late")], [("dag/late", "t0")], deadline_ms=100)
+    send(rclient, late)
+    time.sleep(0.2)  # 100 ms pass on Redis's clock before any replica reads it: dropped
     placer = RecordingPlacer()
     start_server(placer=placer)
     for req in reqs:
