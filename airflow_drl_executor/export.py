@@ -6,6 +6,14 @@ successful try) times the effective speed of the pool that ran it, i.e. the dura
 that the simulator expects. Tasks without a successful try keep their expected duration. Runs of
 DAGs tagged ``drl-exclude`` (the retraining DAG itself, tests) are left out: only production
 traffic trains the policy.
+
+Nodes are what the graph builder sends the policy: a placed task keeps the features recorded with
+its placement; a task never placed (skipped, or its run ended first) is built from its
+``executor_config["drl"]`` hints by :func:`~airflow_drl_executor.graph_builder.task_node`, with
+``default_duration_s`` when it declares no duration (the export reads no duration history). As
+in the graph builder, the instances of a mapped task are one node; its observed duration is the
+longest of its instances' (the last try of each map index that succeeded): its downstream tasks
+wait for the last instance.
 """
 
 from __future__ import annotations
@@ -18,9 +26,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import text
+from sqlalchemy import DateTime, bindparam, text
 
-from airflow_drl_executor.graph_builder import GraphBuilder
+from airflow_drl_executor.graph_builder import GraphBuilder, task_node
 from policy.catalogue import Catalogue
 from policy.errors import PolicyError
 from policy.replay import ReplayRun
@@ -35,7 +43,7 @@ EXCLUDE_TAG = "drl-exclude"
 
 _QUERY = text(
     """
-    SELECT p.dag_id, p.run_id, p.task_id, p.pool, p.features, p.decided_at,
+    SELECT p.dag_id, p.run_id, p.task_id, p.map_index, p.pool, p.features, p.decided_at,
            t.dag_version_id, t.state, t.start_date, t.end_date
     FROM drl_placement p
     JOIN task_instance t
@@ -43,7 +51,9 @@ _QUERY = text(
     WHERE p.decided_at >= :since AND p.decided_at < :until
     ORDER BY p.id
     """
-)
+).bindparams(  # typed, so that every database (SQLite too) compares and returns datetimes
+    bindparam("since", type_=DateTime(timezone=True)), bindparam("until", type_=DateTime(timezone=True)),
+).columns(decided_at=DateTime(timezone=True), start_date=DateTime(timezone=True), end_date=DateTime(timezone=True))
 
 
 def export_runs(session: Session, catalogue: Catalogue, *, since: dt.datetime, until: dt.datetime,
@@ -57,33 +67,46 @@ def export_runs(session: Session, catalogue: Catalogue, *, since: dt.datetime, u
             by_run[(r["dag_id"], r["run_id"])].append(r)
     builder = GraphBuilder(pool_names=catalogue.names, default_queue="default", default_duration_s=60.0,
                            history_ttl_s=0)
-    speeds = {p.name: p.vm_class for p in catalogue.pools}
     graphs: list[tuple[dt.datetime, RunGraph]] = []
     for (dag_id, run_id), rows in by_run.items():
         try:
-            structure = builder.structure(str(rows[0]["dag_version_id"]), session)
+            graph = _graph(f"{dag_id}/{run_id}", rows, builder, catalogue, session)
         except PolicyError as exc:
             log.warning("export: skipping %s/%s: %s", dag_id, run_id, exc)
             continue
-        latest = {r["task_id"]: r for r in rows}  # placements are ordered: the last try wins
-        nodes = []
-        for task_id in structure.task_ids:
-            rec = latest.get(task_id)
-            node = (TaskNode.from_json(json.loads(rec["features"])) if rec and rec["features"] != "{}"
-                    else TaskNode(task_id))
-            if (rec and str(rec["state"]) == "success" and rec["start_date"] and rec["end_date"]
-                    and rec["pool"] in speeds):
-                vm = speeds[rec["pool"]]
-                observed = (rec["end_date"] - rec["start_date"]).total_seconds()
-                node = replace(node, duration_s=max(observed, 0.001) * vm.speed * vm.affinity.get(node.kind, 1.0))
-            nodes.append(node)
-        graph = RunGraph(run_key=f"{dag_id}/{run_id}", tasks=tuple(nodes), edges=structure.edges)
         graphs.append((min(r["decided_at"] for r in rows), graph))
     if not graphs:
         return []
     graphs.sort(key=lambda g: g[0])
     t0 = graphs[0][0]
     return [ReplayRun(graph=g, arrival_s=(at - t0).total_seconds(), source="airflow") for at, g in graphs]
+
+
+def _graph(run_key: str, rows: Sequence[dict[str, Any]], builder: GraphBuilder, catalogue: Catalogue,
+           session: Session) -> RunGraph:
+    """One run's graph from its placement rows (ordered by id: a later try comes later)."""
+    structure = builder.structure(str(rows[0]["dag_version_id"]), session)
+    vms = {p.name: p.vm_class for p in catalogue.pools}
+    placed = {r["task_id"]: r for r in rows}  # the task's last placement, of any instance
+    instances = {(r["task_id"], r["map_index"]): r for r in rows}  # each instance's last try
+    observed: dict[str, list[tuple[str, float]]] = defaultdict(list)  # (pool, seconds) of successful runs
+    for (task_id, _), r in instances.items():
+        if str(r["state"]) == "success" and r["start_date"] and r["end_date"] and r["pool"] in vms:
+            observed[task_id].append((r["pool"], max((r["end_date"] - r["start_date"]).total_seconds(), 0.001)))
+    nodes = []
+    for task_id, hints, queue, weight in zip(structure.task_ids, structure.hints, structure.queues,
+                                             structure.weights, strict=True):
+        rec = placed.get(task_id)
+        if rec is not None and rec["features"] != "{}":
+            node = TaskNode.from_json(json.loads(rec["features"]))
+        else:  # never placed (or placed outside the graph): what the graph builder would send
+            node = task_node(task_id, hints, queue, weight, duration_s=builder.default_duration_s,
+                             pool_names=builder.pool_names, default_queue=builder.default_queue)
+        if observed[task_id]:
+            node = replace(node, duration_s=max(
+                s * vms[pool].speed * vms[pool].affinity.get(node.kind, 1.0) for pool, s in observed[task_id]))
+        nodes.append(node)
+    return RunGraph(run_key=run_key, tasks=tuple(nodes), edges=structure.edges)
 
 
 def _tagged_dags(session: Session, tag: str) -> set[str]:

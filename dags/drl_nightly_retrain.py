@@ -10,7 +10,10 @@
 
 The DAG is tagged ``drl-exclude``: its own runs never become training data. It needs the
 ``drl_traces`` connection (the database holding ``drl_placement``, usually Airflow's own) and
-``DRL_REGISTRY_DIR`` on the workers (the folder the policy servers watch).
+``DRL_REGISTRY_DIR`` on the workers (the folder the policy servers watch, shared by every worker
+that may run this DAG: the two tasks can run on different workers, on different hosts). The
+replay file goes to :func:`traces_dir` in that folder; the pool catalogue is the executor's
+(:func:`catalogue_path`). Both paths reach ``finetune`` through ``export_traces``' XCom.
 """
 
 from __future__ import annotations
@@ -22,7 +25,30 @@ import pendulum
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import dag, get_current_context, task
 
-TRACES_DIR = os.environ.get("DRL_TRACES_DIR", "/tmp/drl-traces")
+
+def traces_dir() -> str:
+    """Where ``export_traces`` writes the replay file that ``finetune`` reads: ``DRL_TRACES_DIR``,
+    else ``<DRL_REGISTRY_DIR>/traces``. Not a local folder such as /tmp: ``finetune`` may run on
+    another worker, and the registry is the volume the workers that run this DAG share."""
+    explicit = os.environ.get("DRL_TRACES_DIR")
+    if explicit:
+        return explicit
+    registry = os.environ.get("DRL_REGISTRY_DIR")
+    if not registry:
+        raise RuntimeError("DRL_REGISTRY_DIR is not set on this worker: set it to the model registry the "
+                           "policy servers watch (or DRL_TRACES_DIR to a folder every worker shares)")
+    return os.path.join(registry, "traces")
+
+
+def catalogue_path() -> str:
+    """The pool catalogue the executor places with, read as ``ExecutorConfig.from_conf`` reads it:
+    ``[drl_executor] catalogue`` of Airflow's configuration (airflow.cfg or its
+    ``AIRFLOW__DRL_EXECUTOR__CATALOGUE`` variable), else the packaged demo catalogue."""
+    from airflow.configuration import conf
+
+    from airflow_drl_executor.config import SECTION, packaged_catalogue
+
+    return str(conf.get(SECTION, "catalogue", fallback=None) or packaged_catalogue())
 
 
 @dag(
@@ -37,13 +63,13 @@ TRACES_DIR = os.environ.get("DRL_TRACES_DIR", "/tmp/drl-traces")
     params={"hours": 24, "minutes": 10, "min_improvement": 0.01, "seed": 1, "extra_args": ""},
 )
 def drl_nightly_retrain() -> None:
-    @task(executor_config={"drl": {"duration_s": 30, "cpus": 1, "memory_gb": 2}})
-    def export_traces() -> str:
+    # one XCom, the dict: finetune's template reads its keys
+    @task(executor_config={"drl": {"duration_s": 30, "cpus": 1, "memory_gb": 2}}, multiple_outputs=False)
+    def export_traces() -> dict[str, str]:
         from airflow.sdk import BaseHook
         from sqlalchemy import create_engine
         from sqlalchemy.orm import Session
 
-        from airflow_drl_executor.config import packaged_catalogue
         from airflow_drl_executor.export import export_runs
         from policy.catalogue import load_catalogue
         from policy.replay import write_replay
@@ -51,7 +77,8 @@ def drl_nightly_retrain() -> None:
         ctx = get_current_context()
         until = ctx.get("data_interval_end") or dt.datetime.now(dt.UTC)  # manual runs have none
         since = until - dt.timedelta(hours=float(ctx["params"]["hours"]))
-        catalogue = load_catalogue(os.environ.get("AIRFLOW__DRL_EXECUTOR__CATALOGUE") or packaged_catalogue())
+        pools = catalogue_path()
+        catalogue = load_catalogue(pools)
         uri = BaseHook.get_connection("drl_traces").get_uri()
         engine = create_engine(uri.replace("postgres://", "postgresql://", 1))  # SQLAlchemy's dialect name
         try:
@@ -59,18 +86,23 @@ def drl_nightly_retrain() -> None:
                 runs = export_runs(session, catalogue, since=since, until=until)
         finally:
             engine.dispose()
-        os.makedirs(TRACES_DIR, exist_ok=True)
-        path = os.path.join(TRACES_DIR, f"replay-{until:%Y%m%dT%H%M%S}.jsonl")
+        folder = traces_dir()
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"replay-{until:%Y%m%dT%H%M%S}.jsonl")
         n = write_replay(path, runs)
         print(f"exported {n} DAG runs ({since} .. {until}) to {path}")
-        return path
+        return {"replay": path, "pools": pools}
 
     finetune = BashOperator(
         task_id="finetune",
+        # the paths reach bash as variables, never as command text: nothing in them is parsed
+        env={"DRL_REPLAY": "{{ ti.xcom_pull(task_ids='export_traces')['replay'] }}",
+             "DRL_POOLS": "{{ ti.xcom_pull(task_ids='export_traces')['pools'] }}"},
+        append_env=True,  # keep the worker's environment (PATH, DRL_REGISTRY_DIR)
         bash_command=(
-            "drl-trainer finetune --replay {{ ti.xcom_pull(task_ids='export_traces') }}"
+            "drl-trainer finetune --replay \"$DRL_REPLAY\""
             " --registry \"${DRL_REGISTRY_DIR:?set DRL_REGISTRY_DIR on the workers}\""
-            " --pools \"${AIRFLOW__DRL_EXECUTOR__CATALOGUE}\""
+            " --pools \"$DRL_POOLS\""
             " --minutes {{ params.minutes }} --min-improvement {{ params.min_improvement }}"
             " --seed {{ params.seed }}"
             " {{ params.extra_args }}"

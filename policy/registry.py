@@ -16,11 +16,17 @@ Torch is imported only by the GNN loader, so a heuristic-only server starts with
 Each checkpoint that loads is recorded in ``<root>/last_good.json`` (same fields, plus the
 model's version). A server that starts while ``active.json`` names a checkpoint that does not
 load serves that last good one instead, and says so: a bad push survives a restart as a refusal,
-not as the loss of the learned policy.
+not as the loss of the learned policy. Paths under ``<root>`` are written relative to it (by the
+fine-tune and in ``last_good.json``), so a registry volume mounted at different paths on different
+hosts names the same checkpoints on each.
+
+:meth:`ModelRegistry.serving_checkpoint` says which checkpoint a server would serve, without loading
+it; writers that compare the active checkpoint before replacing it hold :func:`activation_lock`.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib
 import json
@@ -29,7 +35,9 @@ import os
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -41,6 +49,8 @@ log = logging.getLogger(__name__)
 MANIFEST = "active.json"
 #: The last checkpoint that loaded here (written by the servers; read at start-up).
 LAST_GOOD = "last_good.json"
+#: Held (``flock``) by writers around "read the active checkpoint, compare, activate".
+ACTIVATION_LOCK = ".activate.lock"
 
 Loader = Callable[[Path, str], Placer]
 
@@ -58,6 +68,16 @@ class LoadedModel:
     @property
     def version(self) -> str:
         return f"{self.placer.name}:{self.placer.version}"
+
+
+@dataclass(frozen=True)
+class ServingCheckpoint:
+    """The checkpoint the servers serve: its path, its content hash and the file that named it."""
+
+    path: Path
+    sha256: str
+    #: MANIFEST or LAST_GOOD; not compared: the same checkpoint is the same, whoever names it
+    source: str = field(compare=False)
 
 
 def checkpoint_sha256(path: Path) -> str:
@@ -84,6 +104,26 @@ def activate(root: str | Path, checkpoint: str | Path, *, sha256: str | None = N
     if note:
         doc["note"] = note
     return _write_json(Path(root), MANIFEST, doc)
+
+
+@contextmanager
+def activation_lock(root: str | Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``<root>/.activate.lock`` while the block runs.
+
+    Taken by writers that decide against the active checkpoint (the nightly fine-tune: re-read it,
+    check it is still the incumbent it evaluated against, activate), so two of them cannot both
+    promote over the same incumbent. Servers only read and never take it. ``flock`` is advisory and
+    holds across hosts only on a shared file system that supports it (Linux maps it to whole-file
+    byte-range locks on NFS).
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ACTIVATION_LOCK, "a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def _write_json(root: Path, name: str, doc: dict[str, str]) -> Path:
@@ -158,6 +198,14 @@ def _probe(placer: Placer, path: Path) -> None:
     if bad or not decisions:
         raise CheckpointError(f"{path}: the model loads but answers a probe request with "
                               f"{[(d.task_id, d.pool) for d in decisions]!r}")
+
+
+def _relative(root: Path, path: Path) -> str:
+    """``path`` relative to ``root`` when it lies under it (lexically), else as it is."""
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
 
 
 class ModelRegistry:
@@ -242,7 +290,8 @@ class ModelRegistry:
 
     def _remember(self, model: LoadedModel) -> LoadedModel:
         """Record ``model`` as the last good checkpoint (best effort: a read-only registry serves on)."""
-        doc = {"checkpoint": model.checkpoint, "sha256": model.sha256, "version": model.version}
+        doc = {"checkpoint": _relative(self.root, Path(model.checkpoint)), "sha256": model.sha256,
+               "version": model.version}
         try:
             _write_json(self.root, LAST_GOOD, doc)
         except OSError as exc:
@@ -281,6 +330,22 @@ class ModelRegistry:
         self._loading.start()
         return None
 
+    def serving_checkpoint(self) -> ServingCheckpoint:
+        """The checkpoint a server starting now would serve, checked but not loaded: the one the
+        manifest names when it exists and its content matches the manifest's sha256 (any content
+        when the manifest names none), else the last good one when its content still matches.
+
+        Raises the manifest's :class:`CheckpointError` when neither does. A checkpoint that passes
+        these checks can still fail the loader's (schema, shapes, the probe request).
+        """
+        try:
+            return self._verified(self.manifest, self._read_manifest())
+        except CheckpointError as refused:
+            try:
+                return self._verified(self.root / LAST_GOOD, self._read_spec(self.root / LAST_GOOD))
+            except CheckpointError as exc:
+                raise refused from exc
+
     def wait_idle(self, timeout_s: float = 30.0) -> None:
         """Wait for a background load to finish (tests, shutdown)."""
         if self._loading is not None:
@@ -313,7 +378,13 @@ class ModelRegistry:
             path = self.root / path
         return path, sha
 
-    def _load(self, path: Path, sha256: str) -> LoadedModel:
+    def _verified(self, file: Path, spec: tuple[Path, str] | None) -> ServingCheckpoint:
+        if spec is None:
+            raise CheckpointError(f"{file}: does not exist: it names no checkpoint")
+        return ServingCheckpoint(spec[0], self._check(*spec), file.name)
+
+    def _check(self, path: Path, sha256: str) -> str:
+        """The content hash of ``path``, which must exist and match ``sha256`` when one is given."""
         if not path.exists():
             raise CheckpointError(f"{path}: checkpoint named by {self.manifest} does not exist")
         actual = checkpoint_sha256(path)
@@ -321,6 +392,10 @@ class ModelRegistry:
             raise CheckpointError(
                 f"{path}: sha256 {actual[:16]}... does not match the manifest's {sha256[:16]}..."
             )
+        return actual
+
+    def _load(self, path: Path, sha256: str) -> LoadedModel:
+        actual = self._check(path, sha256)
         t0 = time.perf_counter()
         device = resolve_device(self.device)
         placer = self.loader(path, device)

@@ -48,3 +48,35 @@ def test_images_build_from_files_in_the_repo() -> None:
     executor = COMPOSE["x-airflow-env"]["AIRFLOW__CORE__EXECUTOR"]
     assert executor == "DRLExecutor:airflow_drl_executor.DRLExecutor"
     assert sys.version_info >= (3, 11)
+
+
+def watched_dir(policy: dict) -> str:
+    """The registry folder the policy server's command names."""
+    return str(policy["command"][policy["command"].index("--registry") + 1])
+
+
+def test_every_worker_can_run_the_nightly_retraining() -> None:
+    """Any worker may run either task of ``drl_nightly_retrain`` (the policy places them): each
+    reads the traces from the metadata database (``drl_traces``) and mounts, as DRL_REGISTRY_DIR,
+    the volume the policy servers watch as their registry (replay files, candidates, active.json)."""
+    policy = COMPOSE["services"]["policy-server"]
+    registry = policy["command"][policy["command"].index("--registry") + 1]
+    (watched,) = [v.split(":")[0] for v in policy["volumes"] if v.split(":")[1] == registry]
+    database = COMPOSE["x-airflow-env"]["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].replace("+psycopg2", "", 1)
+    workers = {name: svc for name, svc in COMPOSE["services"].items()
+               if svc.get("command", [])[:3] == ["airflow", "celery", "worker"]}
+    assert workers
+    for name, svc in workers.items():
+        env = svc["environment"]
+        assert env["AIRFLOW_CONN_DRL_TRACES"] == database, name
+        assert f"{watched}:{env['DRL_REGISTRY_DIR']}" in svc.get("volumes", []), name
+        assert env["AIRFLOW__CORE__EXECUTOR"] == COMPOSE["x-airflow-env"]["AIRFLOW__CORE__EXECUTOR"], name
+        # finetune runs drl-trainer (torch) on whichever worker was chosen
+        assert svc["build"]["args"]["INSTALL_TRAINER"] == "1", name
+    for svc in ("scheduler", "api-server"):
+        assert "args" not in COMPOSE["services"][svc]["build"], f"{svc}: no torch on the scheduler's side"
+    # both writers of the registry volume (the workers' uid 50000, the servers' 50001) share a group
+    for dockerfile in ("docker/Dockerfile.airflow", "docker/Dockerfile.policy"):
+        text = (REPO / dockerfile).read_text()
+        assert "groupadd --gid 50100 drl" in text and "--groups drl" in text, dockerfile
+        assert f"chgrp drl {watched_dir(policy)}" in text and "chmod 2775" in text, dockerfile

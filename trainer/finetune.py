@@ -6,21 +6,29 @@ with the durations observed in production). Steps:
 
 1. The recorded runs are split, by a seeded shuffle, into training runs (3/4) and held-out runs
    (1/4). Too few runs (``--min-runs``) and nothing is trained: the incumbent stays.
-2. A candidate starts from the incumbent's weights (the checkpoint the registry's ``active.json``
-   names) and is trained by the same DAgger imitation as ``drl-trainer train``
-   (:func:`trainer.train.imitate`) on simulated streams of the training runs (their shapes and
-   observed durations; Poisson arrivals at ``--load``), the teacher being the best baseline on
-   them, for at most ``--minutes``. An ensemble incumbent (``drl-trainer ensemble``) is fine-tuned
-   member by member, each for its share of ``--minutes``, and the candidate is the ensemble of the
-   fine-tuned members (saved under ``members/`` in the candidate's folder).
+2. A candidate starts from the incumbent's weights (the checkpoint the policy servers serve: the
+   one the registry's ``active.json`` names if its content matches the hash named there, else the
+   last good one, :meth:`~policy.registry.ModelRegistry.serving_checkpoint`) and is trained by the
+   same DAgger imitation as ``drl-trainer train`` (:func:`trainer.train.imitate`) on simulated
+   streams of the training runs (their shapes and observed durations; Poisson arrivals at
+   ``--load``), the teacher being the best baseline on them, for at most ``--minutes``. An
+   ensemble incumbent (``drl-trainer ensemble``) is fine-tuned member by member, each for its
+   share of ``--minutes``, and the candidate is the ensemble of the fine-tuned members (saved
+   under ``members/`` in the candidate's folder).
 3. Candidate and incumbent are simulated on the same held-out streams, and on the seed families
    as a guard against forgetting. The candidate is **promoted** (saved under
-   ``<registry>/candidates/<name>/checkpoint/`` and activated with its content hash, so the policy
-   servers hot-reload it) only if its objective on the held-out runs is at least
-   ``--min-improvement`` better than the incumbent's and no guard family regresses by more than
-   ``--max-regression``. Either way a JSON report is written to ``<registry>/candidates/<name>/
-   report.json`` and printed: next to the checkpoint, never inside it, since the servers refuse a
-   checkpoint folder whose content no longer matches the hash the registry's manifest names.
+   ``<registry>/candidates/<name>/checkpoint/`` and activated with its content hash and its path
+   relative to the registry, so the policy servers hot-reload it wherever they mount the registry)
+   only if its objective on the held-out runs is at least ``--min-improvement`` better than the
+   incumbent's and no guard family regresses by more than ``--max-regression`` (relative changes,
+   :func:`_change`: against an incumbent scoring 0, any worse score is an infinite regression).
+   The promotion holds the registry's :func:`~policy.registry.activation_lock` and happens only if
+   the servers still serve the incumbent it was compared against: two overlapping fine-tunes (a
+   manual run during the nightly one) cannot both promote, the later overwriting a model it never
+   beat. Either way a JSON report is written to ``<registry>/candidates/<name>/report.json`` and
+   printed: next to the checkpoint, never inside it, since the servers refuse a checkpoint folder
+   whose content no longer matches the hash the registry's manifest names. The report is strict
+   JSON: an infinite change is written as the string ``"inf"`` or ``"-inf"`` (``float()`` reads it).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import dataclasses
 import datetime as dt
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +52,7 @@ from policy.catalogue import load_catalogue
 from policy.checkpoint import load_checkpoint, save_checkpoint, save_ensemble
 from policy.errors import CheckpointError
 from policy.gnn import cp_gate_of, cp_gate_scope_of, premium_ratio_of, reserve_busy_of
-from policy.registry import MANIFEST, activate, checkpoint_sha256
+from policy.registry import ModelRegistry, ServingCheckpoint, activate, activation_lock, checkpoint_sha256
 from policy.replay import read_replay
 from trainer.train import (
     METRIC,
@@ -118,18 +127,12 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
     """Run the steps of the module docstring; return the report (also written as report.json)."""
     t0 = time.perf_counter()
     registry = Path(a.registry)
-    manifest = registry / MANIFEST
-    try:
-        active = json.loads(manifest.read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{manifest}: cannot read the registry manifest: {exc}") from exc
-    incumbent_path = Path(active["checkpoint"])
-    if not incumbent_path.is_absolute():
-        incumbent_path = registry / incumbent_path
-    incumbent = load_checkpoint(incumbent_path)
+    serving = ModelRegistry(registry).serving_checkpoint()
+    incumbent = load_checkpoint(serving.path)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%f")
     out = registry / "candidates" / f"gnn-{stamp}-s{a.seed}"
-    report: dict[str, Any] = {"incumbent": {"path": str(incumbent_path), "version": incumbent.version},
+    report: dict[str, Any] = {"incumbent": {"path": str(serving.path), "sha256": serving.sha256,
+                                            "named_by": serving.source, "version": incumbent.version},
                               "replay": a.replay, "config": dataclasses.asdict(a), "promoted": False}
 
     runs = read_replay(a.replay)
@@ -171,8 +174,8 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
         res = evaluate(models[0], [heldout, *guards], catalogue, args, members=models[1:])
         scores[name] = {setting: vals["drl"][metric] for setting, vals in res.items()}
     inc, cand = scores["incumbent"], scores["candidate"]
-    gain = 1.0 - cand[heldout.name] / max(inc[heldout.name], 1e-9)
-    regressions = {g.name: cand[g.name] / max(inc[g.name], 1e-9) - 1.0 for g in guards}
+    gain = 0.0 - _change(inc[heldout.name], cand[heldout.name])  # 0.0 - x: no change is +0.0, not -0.0
+    regressions = {g.name: _change(inc[g.name], cand[g.name]) for g in guards}
     report.update({
         "teacher": training.teacher, "training_runs": len(training.templates), "heldout_runs": len(heldout.templates),
         "members": len(candidates), "imitation_steps": steps, "train_s": round(train_s, 1), "objective": metric,
@@ -192,21 +195,59 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
                        for i, m in enumerate(candidates)]
             save_ensemble(members, model_dir, name=str(incumbent.manifest.get("name") or "ensemble"),
                           evaluation={"finetune": scores})
-        activate(registry, model_dir, sha256=checkpoint_sha256(model_dir),
-                 note=f"nightly fine-tune: {metric} {gain:+.1%} on held-out traces vs {incumbent.version}")
-        report["promoted"] = True
-        report["checkpoint"] = str(model_dir)
-        report["decision"] = f"promoted: held-out {metric} {gain:+.1%}, worst guard {worst:+.1%}"
+        sha256 = checkpoint_sha256(model_dir)
+        with activation_lock(registry):
+            now: ServingCheckpoint | None
+            try:
+                now = ModelRegistry(registry).serving_checkpoint()
+                changed = f"the servers now serve {now.path} ({now.sha256[:12]})"
+            except CheckpointError as exc:  # it served when we started: something changed it
+                now, changed = None, f"the registry names no checkpoint that serves ({exc})"
+            if now == serving:
+                activate(registry, model_dir.relative_to(registry), sha256=sha256,
+                         note=f"nightly fine-tune: {metric} {gain:+.1%} on held-out traces vs {incumbent.version}")
+                report["promoted"] = True
+                report["checkpoint"] = str(model_dir)
+                report["decision"] = f"promoted: held-out {metric} {gain:+.1%}, worst guard {worst:+.1%}"
+            else:
+                report["candidate"] = str(model_dir)
+                report["decision"] = (f"not promoted: the active checkpoint changed during the fine-tune: "
+                                      f"{changed}, not the incumbent {serving.path} ({serving.sha256[:12]}) "
+                                      f"this candidate was compared against (held-out {metric} {gain:+.1%}, "
+                                      f"worst guard {worst:+.1%})")
     else:
         report["decision"] = (f"kept the incumbent: held-out {metric} {gain:+.1%} (need >= "
                               f"{a.min_improvement:+.1%}), worst guard {worst:+.1%} (allowed {a.max_regression:+.1%})")
     return _finish(report, out, t0)
 
 
+def _change(inc: float, cand: float) -> float:
+    """Relative change of an objective from the incumbent's ``inc`` to the candidate's ``cand``:
+    ``(cand - inc) / inc``, > 0 is worse (every objective is a cost). At ``inc == 0`` (no SLA
+    violation, say) the ratio is undefined: an equal score is no change, a higher one an infinite
+    regression (``inf``, a gain of ``-inf``), a lower one an infinite gain."""
+    if inc == 0.0:
+        return 0.0 if cand == 0.0 else math.copysign(math.inf, cand)
+    return (cand - inc) / abs(inc)
+
+
+def _strict_json(value: Any) -> Any:
+    """``value`` with each non-finite float as its string (``"inf"``, ``"-inf"``, ``"nan"``), which
+    strict JSON readers accept and ``float()`` reads back; JSON has no literal for them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(v) for v in value]
+    return value
+
+
 def _finish(report: dict[str, Any], out: Path, t0: float) -> dict[str, Any]:
     report["wall_s"] = round(time.perf_counter() - t0, 1)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    text = json.dumps(_strict_json(report), indent=2, default=str, allow_nan=False)
+    (out / "report.json").write_text(text + "\n")
     log.info("%s", report["decision"])
     return report
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from demo import Api
@@ -37,10 +38,13 @@ def test_nightly_retrain_promotes_a_candidate_the_running_server_then_serves(sta
     report = ours[0]
     assert report["recorded_runs"] >= 2 and report["promoted"], report["decision"]
     active = json.loads(manifest.read_text())
-    assert active["checkpoint"] == report["checkpoint"] and "candidates" in active["checkpoint"]
+    # named relative to the registry, which servers on other hosts mount at other paths
+    promoted = manifest.parent / active["checkpoint"]
+    assert not Path(active["checkpoint"]).is_absolute() and "candidates" in active["checkpoint"]
+    assert promoted == Path(report["checkpoint"])
     # the running policy server hot-reloads the candidate rather than refusing it (its folder still
     # matches the hash the manifest names)
-    want = (active["checkpoint"], f"drl:{load_checkpoint(active['checkpoint']).version}")
+    want = (str(promoted), f"drl:{load_checkpoint(promoted).version}")
     assert _served(stack, want, timeout_s=60) == want
     # and back to the incumbent, so the tests after this one see the stack's packaged default
     activate(manifest.parent, incumbent["checkpoint"], sha256=incumbent.get("sha256"))

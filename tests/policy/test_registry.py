@@ -14,7 +14,16 @@ from server_helpers import ask, chain, request
 
 from policy.errors import CheckpointError
 from policy.placement import EarliestFinishPlacer
-from policy.registry import LAST_GOOD, MANIFEST, ModelRegistry, activate, checkpoint_sha256
+from policy.registry import (
+    ACTIVATION_LOCK,
+    LAST_GOOD,
+    MANIFEST,
+    ModelRegistry,
+    ServingCheckpoint,
+    activate,
+    activation_lock,
+    checkpoint_sha256,
+)
 from policy.schema import Decision, PlacementRequest, RunGraph
 
 
@@ -130,7 +139,7 @@ def test_a_restart_after_a_bad_push_serves_the_last_good_checkpoint(tmp_path: Pa
     v1 = fake_checkpoint(tmp_path, "v1", "1")
     activate(tmp_path, "v1", sha256=checkpoint_sha256(v1))
     assert ModelRegistry(tmp_path, loader=fake_loader).load_now() is not None  # a first server
-    assert json.loads((tmp_path / LAST_GOOD).read_text())["checkpoint"] == str(v1)
+    assert json.loads((tmp_path / LAST_GOOD).read_text())["checkpoint"] == "v1"  # relative to the registry
     # a bad push (its content no longer matches the hash), then a restart: v1 serves, refusal counted
     v2 = fake_checkpoint(tmp_path, "v2", "2")
     activate(tmp_path, "v2", sha256=checkpoint_sha256(v2))
@@ -143,7 +152,59 @@ def test_a_restart_after_a_bad_push_serves_the_last_good_checkpoint(tmp_path: Pa
     v3 = fake_checkpoint(tmp_path, "v3", "3")
     activate(tmp_path, "v3", sha256=checkpoint_sha256(v3))
     wait_for(lambda: rs.server.version == "fake:3")
-    assert json.loads((tmp_path / LAST_GOOD).read_text())["checkpoint"] == str(v3)
+    assert json.loads((tmp_path / LAST_GOOD).read_text())["checkpoint"] == "v3"
+
+
+def test_the_last_good_checkpoint_survives_the_registry_moving(tmp_path: Path) -> None:
+    """Servers on other hosts mount the registry volume at other paths: last_good.json names a
+    checkpoint under the registry relative to it, as the fine-tune's active.json does."""
+    root = tmp_path / "here"
+    v1 = fake_checkpoint(root, "v1", "1")
+    activate(root, "v1", sha256=checkpoint_sha256(v1))
+    assert ModelRegistry(root, loader=fake_loader).load_now() is not None
+    activate(root, "gone")  # a bad push, then the volume is mounted elsewhere
+    shutil.move(root, tmp_path / "there")
+    served = ModelRegistry(tmp_path / "there", loader=fake_loader).load_now()
+    assert served is not None and served.version == "fake:1"
+
+
+def test_serving_checkpoint_is_what_a_server_would_serve(tmp_path: Path) -> None:
+    """The manifest's checkpoint when its content matches the hash named (or none is named), else
+    the last good one; neither: the manifest's reason. Nothing is loaded."""
+    reg = ModelRegistry(tmp_path, loader=fake_loader)
+    with pytest.raises(CheckpointError, match="active.json: does not exist"):
+        reg.serving_checkpoint()
+    v1 = fake_checkpoint(tmp_path, "v1", "1")
+    activate(tmp_path, "v1", sha256=checkpoint_sha256(v1))
+    assert reg.serving_checkpoint() == ServingCheckpoint(v1, checkpoint_sha256(v1), MANIFEST)
+    assert reg.load_now() is not None  # v1 is now the last good one
+    v2 = fake_checkpoint(tmp_path, "v2", "2")
+    activate(tmp_path, "v2", sha256="0" * 64)  # refused by the servers
+    assert (reg.serving_checkpoint().path, reg.serving_checkpoint().source) == (v1, LAST_GOOD)
+    activate(tmp_path, "gone")
+    assert reg.serving_checkpoint().path == v1
+    activate(tmp_path, v2)  # no hash named: served as it is
+    assert reg.serving_checkpoint() == ServingCheckpoint(v2, checkpoint_sha256(v2), MANIFEST)
+    (v1 / "weights.json").write_text("{}")  # the last good one changed since it loaded
+    activate(tmp_path, "v2", sha256="0" * 64)
+    with pytest.raises(CheckpointError, match="does not match the manifest"):
+        reg.serving_checkpoint()
+
+
+def test_the_activation_lock_is_exclusive(tmp_path: Path) -> None:
+    import fcntl
+
+    def try_lock() -> bool:
+        with open(tmp_path / ACTIVATION_LOCK, "a") as fh:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return True
+
+    with activation_lock(tmp_path):
+        assert not try_lock()
+    assert try_lock()
 
 
 def test_a_last_good_checkpoint_that_changed_is_not_served(tmp_path: Path) -> None:

@@ -11,9 +11,9 @@ import pytest
 
 from policy.checkpoint import load_checkpoint, save_checkpoint
 from policy.gnn import GNNPlacer
-from policy.registry import MANIFEST, ModelRegistry, activate, checkpoint_sha256
+from policy.registry import LAST_GOOD, MANIFEST, ModelRegistry, activate, checkpoint_sha256
 from policy.replay import ReplayRun, write_replay
-from trainer.finetune import FinetuneArgs, finetune
+from trainer.finetune import FinetuneArgs, _change, finetune
 from trainer.workloads import seed_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,6 +35,11 @@ def _replay(tmp_path: Path, n: int) -> str:
     return str(path)
 
 
+def _active(registry: Path) -> Path:
+    """The checkpoint the registry's manifest names, resolved as the servers resolve it."""
+    return registry / json.loads((registry / MANIFEST).read_text())["checkpoint"]
+
+
 def _args(tmp_path: Path, registry: Path, **kw: object) -> FinetuneArgs:
     base = dict(replay=_replay(tmp_path, 8), registry=str(registry), minutes=0.05, iters=1, runs=4,
                 eval_runs=4, eval_streams=1, guard="", min_runs=4)
@@ -46,14 +51,14 @@ def test_a_candidate_that_clears_the_gate_is_promoted(tmp_path: Path, registry: 
     report = finetune(_args(tmp_path, registry, min_improvement=-10.0))
     assert report["promoted"] and report["decision"].startswith("promoted")
     active = json.loads((registry / MANIFEST).read_text())
-    assert "candidates" in active["checkpoint"] and active["checkpoint"] == report["checkpoint"]
+    assert "candidates" in active["checkpoint"] and _active(registry) == Path(report["checkpoint"])
     # the report sits next to the checkpoint, not in it: the hash the manifest names still holds,
     # so the policy servers load the promoted model instead of refusing it
-    assert active["sha256"] == checkpoint_sha256(Path(active["checkpoint"]))
-    assert (Path(active["checkpoint"]).parent / "report.json").exists()
+    assert active["sha256"] == checkpoint_sha256(_active(registry))
+    assert (_active(registry).parent / "report.json").exists()
     served = ModelRegistry(registry).load_now()
     assert served is not None and served.sha256 == active["sha256"]
-    loaded = load_checkpoint(active["checkpoint"])
+    loaded = load_checkpoint(_active(registry))
     assert loaded.manifest["training"]["from"] == report["incumbent"]["version"]
     assert served.version == f"drl:{loaded.version}"
     assert set(report["scores"]) == {"incumbent", "candidate"}
@@ -70,7 +75,7 @@ def test_a_candidate_decodes_busy_pools_as_its_incumbent(tmp_path: Path, reserve
     reg = tmp_path / "registry"
     activate(reg, incumbent)
     assert finetune(_args(tmp_path, reg, min_improvement=-10.0))["promoted"]
-    promoted = GNNPlacer.from_checkpoint(json.loads((reg / MANIFEST).read_text())["checkpoint"])
+    promoted = GNNPlacer.from_checkpoint(_active(reg))
     assert promoted.reserve_busy == bool(reserve_busy)
     assert (promoted.premium_ratio, promoted.cp_gate) == (premium, premium)
     assert promoted.cp_gate_scope == ("all" if premium else "off-cp")
@@ -107,7 +112,7 @@ def test_an_ensemble_incumbent_is_fine_tuned_member_by_member(tmp_path: Path) ->
     activate(reg, tmp_path / "models" / "ens")
     report = finetune(_args(tmp_path, reg, min_improvement=-10.0))
     assert report["promoted"] and report["members"] == 2
-    promoted = load_checkpoint(json.loads((reg / MANIFEST).read_text())["checkpoint"])
+    promoted = load_checkpoint(_active(reg))
     assert len(promoted.members) == 1 and promoted.manifest["evaluation"]["finetune"] == report["scores"]
     assert promoted.manifest["training"]["from"] == report["incumbent"]["version"]
     assert [Path(m["path"]).name for m in promoted.manifest["members"]] == ["m0", "m1"]
@@ -117,6 +122,134 @@ def test_an_ensemble_incumbent_is_fine_tuned_member_by_member(tmp_path: Path) ->
     assert GNNPlacer.from_checkpoint(promoted.path).version == promoted.version
     with pytest.raises(CheckpointError, match="ensemble .* start from one of its members"):
         train(Args(workflows="mlpipeline", init=str(tmp_path / "models" / "ens"), out=str(tmp_path / "out")))
+
+
+@pytest.fixture
+def scored(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """``scored(incumbent, candidate, during=None)``: ``finetune`` trains nothing and its evaluation
+    gives these objective values per setting (``traces-heldout`` and each guard family), calling
+    ``during()`` while it evaluates the candidate (another fine-tune promoting meanwhile, say)."""
+    import trainer.finetune as ft
+
+    def setup(incumbent: dict[str, float], candidate: dict[str, float], during=None) -> None:  # type: ignore[no-untyped-def]
+        calls: list[str] = []
+
+        def evaluate(model, settings, catalogue, args, members=()):  # type: ignore[no-untyped-def]
+            calls.append("incumbent" if not calls else "candidate")
+            if calls[-1] == "candidate" and during is not None:
+                during()
+            table = incumbent if calls[-1] == "incumbent" else candidate
+            return {s.name: {"drl": {"mean_jct_s": table[s.name]}} for s in settings}
+
+        def choose_teachers(settings, catalogue, args) -> None:  # type: ignore[no-untyped-def]
+            for s in settings:
+                s.teacher = "fifo+eft"
+
+        monkeypatch.setattr(ft, "choose_teachers", choose_teachers)
+        monkeypatch.setattr(ft, "imitate", lambda *a, **kw: (0, 0.0))
+        monkeypatch.setattr(ft, "evaluate", evaluate)
+
+    return setup
+
+
+def _strict(path: Path) -> dict:
+    """``path`` parsed as strict JSON (no NaN, Infinity: what jq and most readers refuse)."""
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{path}: {constant} is not JSON")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_change_is_defined_when_the_incumbent_scores_zero() -> None:
+    assert _change(2.0, 3.0) == 0.5 and _change(4.0, 2.0) == -0.5
+    assert _change(0.0, 0.0) == 0.0  # no SLA violation before or after: no change
+    assert _change(0.0, 0.5) == float("inf")  # any violation where there was none: infinitely worse
+
+
+def test_a_candidate_equal_to_an_incumbent_scoring_zero_is_not_promoted(tmp_path: Path, registry: Path,
+                                                                        scored) -> None:  # type: ignore[no-untyped-def]
+    # was: gain 1 - 0 / 1e-9 = +100%, promoted for doing no better
+    scored({"traces-heldout": 0.0, "montecarlo": 1.0}, {"traces-heldout": 0.0, "montecarlo": 1.0})
+    report = finetune(_args(tmp_path, registry, guard="montecarlo", min_improvement=0.01))
+    assert report["heldout_gain"] == 0.0 and report["guard_regressions"] == {"montecarlo": 0.0}
+    assert not report["promoted"] and report["decision"].startswith("kept the incumbent: held-out mean_jct_s +0.0%")
+
+
+def test_a_guard_worse_than_an_incumbent_scoring_zero_is_an_infinite_regression(
+        tmp_path: Path, registry: Path, scored) -> None:  # type: ignore[no-untyped-def]
+    scored({"traces-heldout": 10.0, "montecarlo": 0.0}, {"traces-heldout": 5.0, "montecarlo": 2.0})
+    report = finetune(_args(tmp_path, registry, guard="montecarlo", max_regression=1e6))
+    assert report["guard_regressions"] == {"montecarlo": float("inf")} and not report["promoted"]
+    # report.json stays strict JSON: the infinity is a string that float() reads back
+    written = _strict(next((registry / "candidates").glob("*/report.json")))
+    assert written["guard_regressions"] == {"montecarlo": "inf"} and float(written["heldout_gain"]) == 0.5
+
+
+def test_the_promoted_checkpoint_is_named_relative_to_the_registry(tmp_path: Path, registry: Path,
+                                                                   scored) -> None:  # type: ignore[no-untyped-def]
+    """A policy server mounts the registry volume wherever it likes: active.json names the
+    candidate relative to the registry, so a registry moved elsewhere still serves it."""
+    scored({"traces-heldout": 10.0}, {"traces-heldout": 5.0})
+    report = finetune(_args(tmp_path, registry))
+    assert report["promoted"]
+    named = json.loads((registry / MANIFEST).read_text())["checkpoint"]
+    assert not Path(named).is_absolute() and registry / named == Path(report["checkpoint"])
+    moved = shutil.move(registry, tmp_path / "mounted-elsewhere")
+    served = ModelRegistry(moved).load_now()
+    assert served is not None and served.checkpoint == str(Path(moved) / named)
+
+
+def test_the_incumbent_is_the_checkpoint_the_servers_serve(tmp_path: Path, registry: Path,
+                                                           scored) -> None:  # type: ignore[no-untyped-def]
+    """active.json names a checkpoint whose content no longer matches its hash: the servers refuse
+    it and serve the last good one, so that one is the incumbent to beat and fine-tune."""
+    good = tmp_path / "models" / "default"
+    (registry / LAST_GOOD).write_text(json.dumps({"checkpoint": str(good), "sha256": checkpoint_sha256(good)}))
+    bad = tmp_path / "models" / "tampered"
+    shutil.copytree(good, bad)
+    activate(registry, bad, sha256="0" * 64)
+    scored({"traces-heldout": 10.0}, {"traces-heldout": 10.0})
+    report = finetune(_args(tmp_path, registry))
+    assert report["incumbent"]["path"] == str(good) and report["incumbent"]["named_by"] == LAST_GOOD
+    assert report["incumbent"]["sha256"] == checkpoint_sha256(good)
+
+
+def test_a_promotion_over_an_incumbent_that_changed_meanwhile_is_not_made(tmp_path: Path, registry: Path,
+                                                                          scored) -> None:  # type: ignore[no-untyped-def]
+    """Two fine-tunes overlap (a manual run during the nightly one): the one that finishes second
+    was compared against an incumbent no longer served, and must not overwrite the first's promotion."""
+    other = tmp_path / "models" / "promoted-meanwhile"
+    shutil.copytree(tmp_path / "models" / "default", other)
+    scored({"traces-heldout": 10.0}, {"traces-heldout": 5.0},
+           during=lambda: activate(registry, other, sha256=checkpoint_sha256(other)))
+    report = finetune(_args(tmp_path, registry))
+    assert not report["promoted"] and report["decision"].startswith("not promoted: the active checkpoint changed")
+    assert str(other) in report["decision"]
+    assert _active(registry) == other and (Path(report["candidate"]) / "manifest.json").exists()
+
+
+def test_the_promotion_holds_the_registry_lock(tmp_path: Path, registry: Path, scored,  # type: ignore[no-untyped-def]
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import fcntl
+
+    import trainer.finetune as ft
+    from policy.registry import ACTIVATION_LOCK
+
+    held: list[bool] = []
+
+    def activate_checking_the_lock(root, checkpoint, **kw):  # type: ignore[no-untyped-def]
+        with open(Path(root) / ACTIVATION_LOCK, "a") as fh:  # another open file: flock conflicts
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held.append(True)
+            else:
+                held.append(False)
+        return activate(root, checkpoint, **kw)
+
+    monkeypatch.setattr(ft, "activate", activate_checking_the_lock)
+    scored({"traces-heldout": 10.0}, {"traces-heldout": 5.0})
+    assert finetune(_args(tmp_path, registry))["promoted"] and held == [True]
 
 
 def test_every_flag_says_what_it_does() -> None:

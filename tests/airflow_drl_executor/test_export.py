@@ -1,0 +1,108 @@
+"""Recorded placements become replay runs: nodes as the graph builder builds them, on SQLite.
+
+(The real stack's export is tests/integration/test_export.py.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+
+import pytest
+from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, create_engine, insert, text
+from sqlalchemy.orm import Session
+
+from airflow_drl_executor import traces
+from airflow_drl_executor.config import packaged_catalogue
+from airflow_drl_executor.export import export_runs
+from airflow_drl_executor.graph_builder import GraphBuilder, _Structure
+from policy.catalogue import load_catalogue
+from policy.schema import TaskNode
+
+CATALOGUE = load_catalogue(packaged_catalogue())
+T0 = dt.datetime(2026, 12, 1, 2, 0, tzinfo=dt.UTC)
+
+task_instances = Table(
+    "task_instance", MetaData(),
+    Column("id", String(36)), Column("try_number", Integer), Column("map_index", Integer),
+    Column("dag_version_id", String(36)), Column("state", String(20)),
+    Column("start_date", DateTime(timezone=True)), Column("end_date", DateTime(timezone=True)),
+)
+
+# extract -> (train, report, mapped); report is never placed (its run failed before it was ready)
+STRUCTURE = _Structure(
+    task_ids=("extract", "mapped", "report", "train"),
+    edges=((0, 1), (0, 2), (0, 3)),
+    hints=({}, {}, {"duration_s": 300, "cpus": 4, "memory_gb": 16, "kind": "etl"}, {"kind": "gpu_train"}),
+    queues=("default", "default", "cpu-large", "default"),
+    weights=(1.0, 1.0, 5.0, 1.0),
+)
+
+
+@pytest.fixture
+def session(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(GraphBuilder, "structure", lambda self, version_id, session: STRUCTURE)
+    engine = create_engine("sqlite://")
+    traces.ensure_schema(engine)
+    task_instances.create(engine)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE dag_tag (dag_id VARCHAR(250), name VARCHAR(100))"))
+    with Session(engine) as s:
+        yield s
+    engine.dispose()
+
+
+def _ran(session: Session, task_id: str, pool: str, seconds: float, *, map_index: int = -1,
+         state: str = "success") -> None:
+    """One placed instance of ``task_id`` (features as the executor records them) and its outcome."""
+    ti_id = str(uuid.uuid4())
+    start = T0 + dt.timedelta(minutes=1)
+    session.execute(insert(task_instances), [{
+        "id": ti_id, "try_number": 1, "map_index": map_index, "dag_version_id": "v1", "state": state,
+        "start_date": start, "end_date": start + dt.timedelta(seconds=seconds)}])
+    node = TaskNode(task_id, duration_s=60.0, kind="gpu_train" if task_id == "train" else "default")
+    record = traces.PlacementRecord(
+        ti_id=ti_id, dag_id="etl", run_id="r1", task_id=task_id, map_index=map_index, try_number=1, pool=pool,
+        vm_class="x", score=0.0, reason="", fallback=False, policy="eft", policy_version="1", request_id="q",
+        decision_ms=1.0, features=node.to_json())
+    session.execute(insert(traces.placements), [record.row(T0)])
+
+
+def _export(session: Session):  # type: ignore[no-untyped-def]
+    (run,) = export_runs(session, CATALOGUE, since=T0 - dt.timedelta(hours=1), until=T0 + dt.timedelta(hours=1))
+    return {t.task_id: t for t in run.graph.tasks}, run
+
+
+def test_an_unplaced_task_carries_its_declared_hints(session: Session) -> None:
+    """was: ``TaskNode("report")``, 60 s on one CPU of kind default, whatever the DAG declared"""
+    _ran(session, "extract", "cpu-small", 10.0)
+    nodes, run = _export(session)
+    report = nodes["report"]
+    assert (report.duration_s, report.cpus, report.memory_gb, report.kind) == (300.0, 4.0, 16.0, "etl")
+    assert (report.priority, report.pool) == (5.0, "cpu-large")  # weight and queue pin, as graph_builder.task_node
+    # with no hint, the graph builder's default duration; a placed task keeps its observed one
+    assert nodes["train"].kind == "gpu_train" and nodes["train"].duration_s == 60.0
+    assert nodes["extract"].duration_s == pytest.approx(10.0)  # speed 1.0 on cpu-small
+    assert [t.task_id for t in run.graph.tasks] == list(STRUCTURE.task_ids) and run.graph.edges == STRUCTURE.edges
+
+
+def test_a_mapped_task_is_one_node_lasting_as_long_as_its_longest_instance(session: Session) -> None:
+    """As in the graph builder (one node and one placement per mapped task); was: the duration of
+    whichever instance was placed last."""
+    _ran(session, "extract", "cpu-small", 10.0)
+    _ran(session, "mapped", "cpu-small", 12.0, map_index=0)
+    _ran(session, "mapped", "cpu-large", 20.0, map_index=1)  # speed 2.0: 40 s at speed 1
+    _ran(session, "mapped", "cpu-small", 30.0, map_index=2)
+    _ran(session, "mapped", "cpu-small", 99.0, map_index=3, state="failed")  # no observed duration
+    _ran(session, "train", "gpu", 2.0)  # gpu_train on gpu: speed 1.5 x affinity 8
+    nodes, run = _export(session)
+    assert len(run.graph.tasks) == 4 and nodes["mapped"].duration_s == pytest.approx(40.0)
+    assert nodes["train"].duration_s == pytest.approx(24.0)
+
+
+def test_a_run_whose_hints_are_bad_is_skipped(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
+    bad = dataclasses.replace(STRUCTURE, hints=({}, {}, {"cpus": -1}, {}))
+    monkeypatch.setattr(GraphBuilder, "structure", lambda self, version_id, session: bad)
+    _ran(session, "extract", "cpu-small", 10.0)
+    assert export_runs(session, CATALOGUE, since=T0 - dt.timedelta(hours=1), until=T0 + dt.timedelta(hours=1)) == []

@@ -1,0 +1,102 @@
+"""The nightly retraining DAG hands ``finetune`` what ``export_traces`` wrote, on any two workers."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import os
+import shutil
+import subprocess
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_drl_executor.config import SECTION, packaged_catalogue
+
+DAG_FILE = Path(__file__).resolve().parents[2] / "dags" / "drl_nightly_retrain.py"
+
+
+@pytest.fixture(scope="module")
+def module() -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location("drl_nightly_retrain", DAG_FILE)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def catalogue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A pool catalogue named by ``[drl_executor] catalogue`` in Airflow's configuration (not by
+    the environment), at a path the shell would split."""
+    from airflow.configuration import conf
+
+    path = tmp_path / "it's the pools.yaml"
+    shutil.copy(packaged_catalogue(), path)
+    monkeypatch.delenv("AIRFLOW__DRL_EXECUTOR__CATALOGUE", raising=False)
+    if not conf.has_section(SECTION):
+        conf.add_section(SECTION)
+    conf.set(SECTION, "catalogue", str(path))
+    yield path
+    conf.remove_option(SECTION, "catalogue")
+
+
+def test_traces_go_to_the_shared_registry(module: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """was: /tmp/drl-traces, a folder of whichever worker ran export_traces"""
+    monkeypatch.delenv("DRL_TRACES_DIR", raising=False)
+    monkeypatch.setenv("DRL_REGISTRY_DIR", "/var/lib/drl/registry")
+    assert module.traces_dir() == "/var/lib/drl/registry/traces"
+    monkeypatch.setenv("DRL_TRACES_DIR", "/shared/traces")
+    assert module.traces_dir() == "/shared/traces"
+    monkeypatch.delenv("DRL_TRACES_DIR")
+    monkeypatch.delenv("DRL_REGISTRY_DIR")
+    with pytest.raises(RuntimeError, match="DRL_REGISTRY_DIR is not set"):
+        module.traces_dir()
+
+
+def test_the_catalogue_is_the_executors(module: types.ModuleType, catalogue: Path) -> None:
+    assert module.catalogue_path() == str(catalogue)
+
+
+def test_finetune_runs_on_what_export_traces_wrote(module: types.ModuleType, catalogue: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """export_traces returns the replay file (in the registry) and the executor's catalogue;
+    finetune's command receives both as single arguments, whatever characters they hold."""
+    import airflow.sdk
+
+    import airflow_drl_executor.export
+
+    registry = tmp_path / "the registry"
+    monkeypatch.setenv("DRL_REGISTRY_DIR", str(registry))
+    monkeypatch.delenv("DRL_TRACES_DIR", raising=False)
+    until = dt.datetime(2026, 12, 4, 2, 0, tzinfo=dt.UTC)
+    monkeypatch.setattr(module, "get_current_context", lambda: {"data_interval_end": until, "params": {"hours": 24}})
+    monkeypatch.setattr(airflow.sdk.BaseHook, "get_connection",
+                        lambda conn_id: types.SimpleNamespace(get_uri=lambda: "sqlite://"))
+    exported: list[Any] = []
+    monkeypatch.setattr(airflow_drl_executor.export, "export_runs",
+                        lambda session, catalogue, **kw: exported.append(catalogue) or [])
+    dag = module.drl_nightly_retrain()
+    xcom = dag.get_task("export_traces").python_callable()
+    assert xcom == {"replay": str(registry / "traces" / "replay-20261204T020000.jsonl"), "pools": str(catalogue)}
+    assert Path(xcom["replay"]).exists() and exported[0].source == str(catalogue)
+
+    finetune = dag.get_task("finetune")
+    env = dag.get_template_env()
+    context = {"ti": types.SimpleNamespace(xcom_pull=lambda task_ids: xcom),
+               "params": {"minutes": 10, "min_improvement": 0.01, "seed": 1, "extra_args": "--guard ''"}}
+    command = env.from_string(finetune.bash_command).render(**context)
+    variables = {k: env.from_string(v).render(**context) for k, v in finetune.env.items()}
+    assert finetune.append_env  # the worker's PATH and DRL_REGISTRY_DIR stay
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "drl-trainer").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    (bin_dir / "drl-trainer").chmod(0o755)
+    out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True,
+                         env={**os.environ, **variables, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert out.stdout.splitlines() == [
+        "finetune", "--replay", xcom["replay"], "--registry", str(registry), "--pools", str(catalogue),
+        "--minutes", "10", "--min-improvement", "0.01", "--seed", "1", "--guard", ""]
