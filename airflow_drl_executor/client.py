@@ -163,8 +163,7 @@ class PlacementClient:
         )
         payload = dumps(message)
         if len(payload) > self.max_request_bytes:
-            for run_key in graphs:
-                self._sent.pop(run_key, None)
+            self._forget(graphs)
             raise PlacementUnavailable(f"request of {len(payload)} bytes exceeds the policy servers' limit "
                                        f"of {self.max_request_bytes}; not sent")
         reply_key = self.keys.reply(message.request_id)
@@ -175,8 +174,7 @@ class PlacementClient:
         remaining = deadline - self._clock()
         got = self._redis.blpop([reply_key], timeout=max(remaining, 0.001))
         if got is None:  # the server may or may not hold the graphs: send them in full next time
-            for run_key in graphs:
-                self._sent.pop(run_key, None)
+            self._forget(graphs)
             raise PlacementUnavailable(f"no reply within {self.timeout_s * 1000:.0f} ms")
         try:
             reply = PlacementReply.from_json(loads_json(got[1], max_bytes=MAX_REPLY_BYTES))
@@ -189,9 +187,13 @@ class PlacementClient:
                 if isinstance(entry, RunGraph):
                     self._remember(entry)
         else:  # an error reply: which graphs it kept is unknown; resend them next time
-            for run_key in graphs:
-                self._sent.pop(run_key, None)
+            self._forget(graphs)
         return reply
+
+    def _forget(self, graphs: Mapping[str, RunGraph]) -> None:
+        """Send these runs' graphs in full next time."""
+        for run_key in graphs:
+            self._sent.pop(run_key, None)
 
     def _remember(self, graph: RunGraph) -> None:
         self._sent[graph.run_key] = graph.digest

@@ -22,14 +22,14 @@ import datetime as dt
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import DateTime, bindparam, text
 
 from airflow_drl_executor.graph_builder import GraphBuilder, task_node
-from policy.catalogue import Catalogue
+from policy.catalogue import Catalogue, VMClass
 from policy.errors import PolicyError
 from policy.replay import ReplayRun
 from policy.schema import RunGraph, TaskNode
@@ -67,10 +67,11 @@ def export_runs(session: Session, catalogue: Catalogue, *, since: dt.datetime, u
             by_run[(r["dag_id"], r["run_id"])].append(r)
     builder = GraphBuilder(pool_names=catalogue.names, default_queue="default", default_duration_s=60.0,
                            history_ttl_s=0)
+    vms = {p.name: p.vm_class for p in catalogue.pools}
     graphs: list[tuple[dt.datetime, RunGraph]] = []
     for (dag_id, run_id), rows in by_run.items():
         try:
-            graph = _graph(f"{dag_id}/{run_id}", rows, builder, catalogue, session)
+            graph = _graph(f"{dag_id}/{run_id}", rows, builder, vms, session)
         except PolicyError as exc:
             log.warning("export: skipping %s/%s: %s", dag_id, run_id, exc)
             continue
@@ -82,11 +83,11 @@ def export_runs(session: Session, catalogue: Catalogue, *, since: dt.datetime, u
     return [ReplayRun(graph=g, arrival_s=(at - t0).total_seconds(), source="airflow") for at, g in graphs]
 
 
-def _graph(run_key: str, rows: Sequence[dict[str, Any]], builder: GraphBuilder, catalogue: Catalogue,
+def _graph(run_key: str, rows: Sequence[dict[str, Any]], builder: GraphBuilder, vms: Mapping[str, VMClass],
            session: Session) -> RunGraph:
-    """One run's graph from its placement rows (ordered by id: a later try comes later)."""
+    """One run's graph from its placement rows (ordered by id: a later try comes later); ``vms``:
+    each pool's VM class."""
     structure = builder.structure(str(rows[0]["dag_version_id"]), session)
-    vms = {p.name: p.vm_class for p in catalogue.pools}
     placed = {r["task_id"]: r for r in rows}  # the task's last placement, of any instance
     instances = {(r["task_id"], r["map_index"]): r for r in rows}  # each instance's last try
     observed: dict[str, list[tuple[str, float]]] = defaultdict(list)  # (pool, seconds) of successful runs

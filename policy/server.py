@@ -220,6 +220,7 @@ class PolicyServer:
         self._reply_script: Any = None
         self._next_claim = 0.0
         self._next_heartbeat = 0.0
+        self._next_prune = 0.0
         self._next_freeze = 0.0
         self._next_full_gc = time.monotonic() + config.gc_full_s
         self._rng = random.Random(config.seed)
@@ -330,8 +331,7 @@ class PolicyServer:
         try:
             r.hdel(self.keys.heartbeat, self.config.consumer)
             for c in r.xinfo_consumers(self.keys.requests, self.keys.group):
-                name = c["name"].decode() if isinstance(c["name"], bytes) else c["name"]
-                if name == self.config.consumer and c["pending"] == 0:
+                if _text(c["name"]) == self.config.consumer and c["pending"] == 0:
                     r.xgroup_delconsumer(self.keys.requests, self.keys.group, self.config.consumer)
         except redis.RedisError as exc:
             log.debug("cleanup on exit skipped: %s", exc)
@@ -383,8 +383,7 @@ class PolicyServer:
         res: Any = r.xautoclaim(self.keys.requests, self.keys.group, self.config.consumer,
                            min_idle_time=self.config.claim_idle_ms, start_id=self._claim_cursor,
                            count=self.config.batch_max)
-        cursor = res[0].decode() if isinstance(res[0], bytes) else str(res[0])
-        self._claim_cursor = cursor
+        self._claim_cursor = _text(res[0])
         claimed = [(eid, fields) for eid, fields in res[1] if fields is not None]
         if claimed:
             self.metrics.claimed.inc(len(claimed))
@@ -410,10 +409,11 @@ class PolicyServer:
             beat = json.dumps({"ts": self.redis_now(), "version": self.version, "device": self.device,
                                "pid": os.getpid(), "handled": self.handled})
             r.hset(self.keys.heartbeat, self.config.consumer, beat)
-            self._prune_heartbeats(r)
+            if now >= self._next_prune:
+                self._next_prune = now + self.config.heartbeat_prune_s / 3
+                self._prune_heartbeats(r)
             for g in r.xinfo_groups(self.keys.requests):
-                name = g["name"].decode() if isinstance(g["name"], bytes) else g["name"]
-                if name == self.keys.group:
+                if _text(g["name"]) == self.keys.group:
                     self.metrics.pending.set(g.get("pending") or 0)
                     self.metrics.queue_depth.set(g.get("lag") or 0)
 
@@ -424,15 +424,14 @@ class PolicyServer:
         limit = self.config.heartbeat_prune_s
         now = self.redis_now()
         beats: Any = r.hgetall(self.keys.heartbeat)
-        dead = {(k.decode() if isinstance(k, bytes) else str(k)) for k, v in beats.items()
-                if now - heartbeat_ts(v) > limit}
+        dead = {_text(k) for k, v in beats.items() if now - heartbeat_ts(v) > limit}
         dead.discard(self.config.consumer)
         if dead:
             r.hdel(self.keys.heartbeat, *dead)
             log.info("removed the heartbeats of %d silent replica(s): %s", len(dead), ", ".join(sorted(dead)))
-        live = {(k.decode() if isinstance(k, bytes) else str(k)) for k in beats} - dead
+        live = {_text(k) for k in beats} - dead
         for c in r.xinfo_consumers(self.keys.requests, self.keys.group):
-            name = c["name"].decode() if isinstance(c["name"], bytes) else c["name"]
+            name = _text(c["name"])
             if name not in live and name != self.config.consumer and c["pending"] == 0 \
                     and c["idle"] > limit * 1000:
                 r.xgroup_delconsumer(self.keys.requests, self.keys.group, name)
@@ -658,7 +657,6 @@ class PolicyServer:
                 args += [job.entry_id, self.keys.reply(job.reply.request_id), dumps(job.reply)]
                 answered.append(job)
         lost = set(self._reply_script(keys=[self.keys.requests], args=args))
-        self._new_graphs = []
         done = time.perf_counter()
         if late:
             self.metrics.requests.labels(outcome="dropped_late").inc(late)
@@ -703,6 +701,11 @@ class PolicyServer:
             "handled": self.handled,
             "graph_cache_entries": len(self.cache),
         }
+
+
+def _text(value: bytes | str) -> str:
+    """A name from a Redis reply (bytes: the client does not decode responses)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _entry_ms(entry_id: bytes) -> int | None:
