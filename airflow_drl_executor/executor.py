@@ -35,7 +35,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from airflow_drl_executor import traces
 from airflow_drl_executor.client import PlacementClient, PlacementUnavailable
 from airflow_drl_executor.config import ExecutorConfig
-from airflow_drl_executor.graph_builder import GraphBuilder, ReadyInstance
+from airflow_drl_executor.graph_builder import GraphBuilder, ReadyInstance, drl_hints, lenient_node
 from airflow_drl_executor.liveness import PoolWatch, celery_inspector
 from policy.catalogue import Catalogue, load_catalogue
 from policy.errors import PolicyError
@@ -259,29 +259,40 @@ class DRLExecutor(CeleryExecutor):
         policy, version = self.fallback_placer.name, self.fallback_placer.version
         decisions: dict[tuple[str, str], Decision] = {}
         asked: set[tuple[str, str]] = set()
+        ignored: dict[tuple[str, str], str] = {}
+        failed: dict[str, str] = {}
         unplaced = ""  # why the executor places the tasks the request does not hold itself
         try:
             with create_session() as session:
-                graphs, progress, ready_tasks = self.graph_builder.build(ready, session)
-            ready_tasks = self._with_held(ready_tasks, ready, tasks)
+                batch = self.graph_builder.build(ready, session)
+            graphs, ignored, failed = batch.graphs, batch.ignored, batch.failed
+            ready_tasks = self._with_held(batch.ready, ready, tasks)
             asked = {t.key for t in ready_tasks}
             unplaced = "fallback: the task is not in its run's graph (of the newest DAG version in the batch)"
             if ready_tasks:
                 request = PlacementRequest(request_id=request_id, ready=tuple(ready_tasks), pools=pools,
-                                           progress=tuple(progress))
+                                           progress=tuple(batch.progress))
                 decisions, policy, version = self._decide(request, graphs)
         except (PolicyError, SQLAlchemyError) as exc:
-            # The graph could not be built (bad executor_config hint, DB hiccup): keep each task's
-            # own queue when it is one of our pools, else the least-loaded pool; say why.
             self.log.warning("DRLExecutor: cannot build placement request %s: %s", request_id, exc)
             decisions, asked, unplaced = {}, set(), f"fallback: cannot build the request: {exc}"
         except Exception as exc:  # noqa: BLE001 - no placement failure may stop the scheduler loop
             self.log.exception("DRLExecutor: placement request %s failed", request_id)
             decisions, asked = {}, set()
             unplaced = f"fallback: placement failed: {type(exc).__name__}: {exc}"
-        for inst, w in zip(ready, tasks, strict=True):
-            if (inst.run_key, inst.task_id) not in asked:
-                decisions[(inst.run_key, inst.task_id)] = self._own_queue(w, inst, pools, unplaced)
+        if failed:
+            self.log.warning("DRLExecutor: request %s: fallback for the runs whose graph cannot be built: %s",
+                             request_id, "; ".join(f"{k}: {v}" for k, v in failed.items()))
+        alone = [(inst, w, f"fallback: cannot build the graph of its run: {failed[inst.run_key]}"
+                  if inst.run_key in failed else unplaced)
+                 for inst, w in zip(ready, tasks, strict=True) if (inst.run_key, inst.task_id) not in asked]
+        stand_ins: dict[tuple[str, str], TaskNode] = {}
+        if alone:
+            own, stand_ins = self._place_alone(alone, pools)
+            decisions.update(own)
+        for key, why in ignored.items():
+            if key in decisions:
+                decisions[key] = replace(decisions[key], reason=f"{decisions[key].reason}; ignored: {why}")
         decision_ms = (time.perf_counter() - started) * 1000.0
 
         records = []
@@ -315,7 +326,8 @@ class DRLExecutor(CeleryExecutor):
             graph = graphs.get(inst.run_key)
             features: dict[str, Any] = {}
             at = view(graph).index.get(inst.task_id) if graph is not None else None
-            node = graph.tasks[at] if graph is not None and at is not None else None
+            node = graph.tasks[at] if graph is not None and at is not None else stand_ins.get(
+                (inst.run_key, inst.task_id))
             if node is not None:
                 features = node.to_json()
             pool_state = next((p for p in pools if p.name == decision.pool), None)
@@ -340,11 +352,32 @@ class DRLExecutor(CeleryExecutor):
             self._set_queues(placed)
         return records, held
 
-    def _own_queue(self, w: Any, inst: ReadyInstance, pools: Sequence[PoolState], reason: str) -> Decision:
-        """The task's own queue when it is one of our pools, else the least-loaded live pool."""
-        pool = w.ti.queue if w.ti.queue in self.catalogue.names else _least_loaded(pools)
-        return Decision(run_key=inst.run_key, task_id=inst.task_id, pool=pool,
-                        vm_class=self.catalogue.pool(pool).vm_class.name, reason=reason, fallback=True)
+    def _place_alone(self, alone: Sequence[tuple[ReadyInstance, Any, str]], pools: tuple[PoolState, ...]
+                     ) -> tuple[dict[tuple[str, str], Decision], dict[tuple[str, str], TaskNode]]:
+        """Place tasks without their run's graph: each as a node built from its workload's own
+        ``executor_config`` hints, queue and priority, by the fallback heuristic in one pass (so
+        that the hard constraints hold and the batch spreads over the pools); each reason says why
+        (``alone``: instance, workload, why) and names the hints it ignored. Also the nodes."""
+        nodes: dict[tuple[str, str], TaskNode] = {}
+        why: dict[tuple[str, str], str] = {}
+        for inst, w, reason in alone:
+            key = (inst.run_key, inst.task_id)
+            if key in nodes:  # mapped instances share one node
+                continue
+            nodes[key], wrong = lenient_node(
+                inst.task_id, drl_hints(getattr(w.ti, "executor_config", None)), str(w.ti.queue),
+                float(getattr(w.ti, "priority_weight", 1) or 1), duration_s=self.drl_config.default_duration_s,
+                pool_names=self.catalogue.names, default_queue=self.default_queue)
+            why[key] = reason + "".join(f"; ignored: {p}" for p in wrong)
+        by_run: dict[str, list[TaskNode]] = {}
+        for (run_key, _), node in nodes.items():
+            by_run.setdefault(run_key, []).append(node)
+        graphs = {k: RunGraph(run_key=k, tasks=tuple(v), edges=()) for k, v in by_run.items()}
+        sub = PlacementRequest(request_id="alone", ready=tuple(ReadyTask(*key) for key in nodes), pools=pools)
+        placed = {(d.run_key, d.task_id): replace(d, reason=f"{why[(d.run_key, d.task_id)]}: {d.reason}",
+                                                   fallback=True)
+                  for d in self.fallback_placer.place(sub, graphs)}
+        return placed, nodes
 
     def _fallback(self, ready: Sequence[ReadyTask], pools: tuple[PoolState, ...],
                   graphs: Mapping[str, RunGraph], why: str, progress: tuple[RunProgress, ...] = ()
@@ -420,11 +453,6 @@ class DRLExecutor(CeleryExecutor):
 
 def _with_celery_id(rec: traces.PlacementRecord, celery_id: str) -> traces.PlacementRecord:
     return replace(rec, celery_id=celery_id)
-
-
-def _least_loaded(pools: Sequence[PoolState]) -> str:
-    live = [p for p in pools if p.up] or list(pools)
-    return max(live, key=lambda p: (p.free_slots, p.slots)).name
 
 
 def _redact(url: str) -> str:

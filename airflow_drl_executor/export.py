@@ -9,7 +9,8 @@ traffic trains the policy.
 
 Nodes are what the graph builder sends the policy: a placed task keeps the features recorded with
 its placement; a task never placed (skipped, or its run ended first) is built from its
-``executor_config["drl"]`` hints by :func:`~airflow_drl_executor.graph_builder.task_node`, with
+``executor_config["drl"]`` hints by :func:`~airflow_drl_executor.graph_builder.lenient_node` (less
+the invalid ones, as the executor sent it), with
 ``default_duration_s`` when it declares no duration (the export reads no duration history). As
 in the graph builder, the instances of a mapped task are one node; its observed duration is the
 longest of its instances' (the last try of each map index that succeeded): its downstream tasks
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import DateTime, bindparam, text
 
-from airflow_drl_executor.graph_builder import GraphBuilder, task_node
+from airflow_drl_executor.graph_builder import GraphBuilder, lenient_node
 from policy.catalogue import Catalogue, VMClass
 from policy.errors import PolicyError
 from policy.replay import ReplayRun
@@ -47,7 +48,7 @@ _QUERY = text(
            t.dag_version_id, t.state, t.start_date, t.end_date
     FROM drl_placement p
     JOIN task_instance t
-      ON CAST(t.id AS VARCHAR(36)) = p.ti_id AND t.try_number = p.try_number
+      ON t.id = p.ti_id AND t.try_number = p.try_number
     WHERE p.decided_at >= :since AND p.decided_at < :until
     ORDER BY p.id
     """
@@ -101,8 +102,8 @@ def _graph(run_key: str, rows: Sequence[dict[str, Any]], builder: GraphBuilder, 
         if rec is not None and rec["features"] != "{}":
             node = TaskNode.from_json(json.loads(rec["features"]))
         else:  # never placed (or placed outside the graph): what the graph builder would send
-            node = task_node(task_id, hints, queue, weight, duration_s=builder.default_duration_s,
-                             pool_names=builder.pool_names, default_queue=builder.default_queue)
+            node, _ = lenient_node(task_id, hints, queue, weight, duration_s=builder.default_duration_s,
+                                   pool_names=builder.pool_names, default_queue=builder.default_queue)
         if observed[task_id]:
             node = replace(node, duration_s=max(
                 s * vms[pool].speed * vms[pool].affinity.get(node.kind, 1.0) for pool, s in observed[task_id]))

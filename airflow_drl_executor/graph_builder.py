@@ -17,10 +17,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from policy.errors import SchemaError
+from policy.errors import PolicyError, SchemaError
 from policy.graph import view
 from policy.schema import ReadyTask, RunGraph, RunProgress, TaskNode
 
@@ -60,25 +60,60 @@ class _Structure:
 
 def task_node(task_id: str, hints: Mapping[str, Any], queue: str, weight: float, *, duration_s: float,
               pool_names: Iterable[str], default_queue: str) -> TaskNode:
-    """One graph node from a task's queue, priority weight and ``executor_config["drl"]`` hints."""
+    """One graph node from a task's queue, priority weight and ``executor_config["drl"]`` hints;
+    :class:`SchemaError` naming the task and the field for a hint that is not valid."""
+    node, problems = lenient_node(task_id, hints, queue, weight, duration_s=duration_s, pool_names=pool_names,
+                                  default_queue=default_queue)
+    if problems:
+        raise SchemaError(problems[0])
+    return node
+
+
+def lenient_node(task_id: str, hints: Mapping[str, Any], queue: str, weight: float, *, duration_s: float,
+                 pool_names: Iterable[str], default_queue: str) -> tuple[TaskNode, tuple[str, ...]]:
+    """:func:`task_node` without the hints that are not valid, and what was wrong with each: one
+    DAG author's typo must not take the placement of every other task (of that run, or of the
+    batch) off the policy; the placement's reason names what was ignored."""
     values: dict[str, Any] = {"duration_s": duration_s, "priority": max(weight, 0.0)}
+    problems: list[str] = []
     for key in _HINTS:
         if key in hints:
             value = hints[key]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise SchemaError(f"task {task_id!r}: executor_config drl.{key} must be a number >= 0, "
-                                  f"got {value!r}")
-            values[key] = float(value)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                problems.append(f"task {task_id!r}: executor_config drl.{key} must be a number >= 0, got {value!r}")
+            else:
+                values[key] = float(value)
     kind = hints.get("kind", "default")
     if not isinstance(kind, str) or not kind:
-        raise SchemaError(f"task {task_id!r}: executor_config drl.kind must be a string, got {kind!r}")
+        problems.append(f"task {task_id!r}: executor_config drl.kind must be a string, got {kind!r}")
+        kind = "default"
     pool = hints.get("pool")
     names = set(pool_names)
     if pool is None and queue in names and queue != default_queue:
         pool = queue  # the DAG author typed one of our pools: honour it as a pin
     if pool is not None and pool not in names:
-        raise SchemaError(f"task {task_id!r}: pinned pool {pool!r} is not one of {sorted(names)}")
-    return TaskNode(task_id=task_id, kind=kind, pool=pool, **values)
+        problems.append(f"task {task_id!r}: pinned pool {pool!r} is not one of {sorted(names)}")
+        pool = None
+    return TaskNode(task_id=task_id, kind=kind, pool=pool, **values), tuple(problems)
+
+
+def drl_hints(executor_config: Any) -> Mapping[str, Any]:
+    """The ``"drl"`` mapping of a task's ``executor_config`` (empty when it has none)."""
+    drl = executor_config.get("drl", {}) if isinstance(executor_config, Mapping) else {}
+    return drl if isinstance(drl, Mapping) else {}
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What :meth:`GraphBuilder.build` makes of a batch of ready instances."""
+
+    graphs: dict[str, RunGraph]
+    progress: list[RunProgress]
+    ready: list[ReadyTask]
+    #: (run key, task id) of a ready task -> the hints of it that were ignored, and why
+    ignored: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: run key -> why its graph could not be built (its tasks are not in ``ready``)
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 class GraphBuilder:
@@ -92,11 +127,15 @@ class GraphBuilder:
         self.history_ttl_s = history_ttl_s
         self._structures: dict[str, _Structure] = {}
         self._history: dict[str, tuple[float, dict[str, float]]] = {}
-        self._graphs: dict[tuple[str, str], tuple[float, RunGraph]] = {}
+        self._graphs: dict[tuple[str, str], tuple[float, RunGraph, Mapping[str, str]]] = {}
 
-    def build(self, ready: Sequence[ReadyInstance], session: Session
-              ) -> tuple[dict[str, RunGraph], list[RunProgress], list[ReadyTask]]:
+    def build(self, ready: Sequence[ReadyInstance], session: Session) -> Batch:
+        """The graphs, progress and ready tasks of a batch. A run whose graph cannot be built (no
+        serialized DAG for its version) is left out with the reason, not the whole batch."""
         graphs: dict[str, RunGraph] = {}
+        ignored: dict[tuple[str, str], str] = {}
+        failed: dict[str, str] = {}
+        problems: dict[str, Mapping[str, str]] = {}
         tasks: dict[tuple[str, str], ReadyTask] = {}
         # One graph per run, of the newest DAG version among its instances (version ids are
         # UUIDv7: newest sorts last). Instances of one run can carry different versions: a clear
@@ -107,11 +146,16 @@ class GraphBuilder:
             if inst.run_key not in newest or inst.dag_version_id > newest[inst.run_key].dag_version_id:
                 newest[inst.run_key] = inst
         for run_key, inst in newest.items():
-            graphs[run_key] = self._graph(inst, session)
+            try:
+                graphs[run_key], problems[run_key] = self._graph(inst, session)
+            except PolicyError as exc:
+                failed[run_key] = str(exc)
         for inst in ready:
-            if inst.task_id not in view(graphs[inst.run_key]).index:
+            if inst.run_key in failed or inst.task_id not in view(graphs[inst.run_key]).index:
                 continue  # not in that version: the executor places it itself (no ReadyTask)
             key = (inst.run_key, inst.task_id)
+            if inst.task_id in problems[inst.run_key]:
+                ignored[key] = problems[inst.run_key][inst.task_id]
             if key not in tasks:  # mapped instances share one node
                 tasks[key] = ReadyTask(run_key=inst.run_key, task_id=inst.task_id, try_number=inst.try_number)
         progress = self._progress({(i.dag_id, i.run_id) for i in ready}, session)
@@ -122,28 +166,34 @@ class GraphBuilder:
         progress = [replace(p, running=tuple(t for t in p.running if t not in waiting.get(p.run_key, ())))
                     for p in progress]
         self._evict(set(graphs))
-        return graphs, progress, list(tasks.values())
+        return Batch(graphs, progress, list(tasks.values()), ignored, failed)
 
     # --- structure, history, progress --------------------------------------------------------
 
-    def _graph(self, inst: ReadyInstance, session: Session) -> RunGraph:
+    def _graph(self, inst: ReadyInstance, session: Session) -> tuple[RunGraph, Mapping[str, str]]:
+        """The run's graph, and the hints of its tasks that were ignored (task id -> why)."""
         now = time.monotonic()
         cache_key = (inst.run_key, inst.dag_version_id)
         cached = self._graphs.get(cache_key)
         if cached is not None and now - cached[0] < self.history_ttl_s:
-            return cached[1]
+            return cached[1], cached[2]
         structure = self.structure(inst.dag_version_id, session)
         durations = self._durations(inst.dag_id, session)
-        nodes = tuple(
-            task_node(tid, hints, queue, weight,
-                      duration_s=durations.get(tid, self.default_duration_s),
-                      pool_names=self.pool_names, default_queue=self.default_queue)
-            for tid, hints, queue, weight in zip(
-                structure.task_ids, structure.hints, structure.queues, structure.weights, strict=True)
-        )
-        graph = RunGraph(run_key=inst.run_key, tasks=nodes, edges=structure.edges)
-        self._graphs[cache_key] = (now, graph)
-        return graph
+        nodes, problems = [], {}
+        for tid, hints, queue, weight in zip(structure.task_ids, structure.hints, structure.queues,
+                                             structure.weights, strict=True):
+            node, wrong = lenient_node(tid, hints, queue, weight,
+                                       duration_s=durations.get(tid, self.default_duration_s),
+                                       pool_names=self.pool_names, default_queue=self.default_queue)
+            nodes.append(node)
+            if wrong:
+                problems[tid] = "; ".join(wrong)
+        if problems and cached is None:
+            log.warning("DRLExecutor: %s: invalid executor_config hints ignored: %s", inst.run_key,
+                        "; ".join(problems.values()))
+        graph = RunGraph(run_key=inst.run_key, tasks=tuple(nodes), edges=structure.edges)
+        self._graphs[cache_key] = (now, graph, problems)
+        return graph, problems
 
     def structure(self, version_id: str, session: Session) -> _Structure:
         """Task ids (sorted), dependency edges, hints, queues and weights of one DAG version."""
@@ -160,15 +210,10 @@ class GraphBuilder:
         edges = tuple(sorted(
             (index[t.task_id], index[d]) for t in ops for d in t.downstream_task_ids if d in index
         ))
-        hints = []
-        for t in ops:
-            config = t.executor_config or {}
-            drl = config.get("drl", {}) if isinstance(config, Mapping) else {}
-            hints.append(drl if isinstance(drl, Mapping) else {})
         structure = _Structure(
             task_ids=tuple(t.task_id for t in ops),
             edges=edges,
-            hints=tuple(hints),
+            hints=tuple(drl_hints(t.executor_config) for t in ops),
             queues=tuple(str(t.queue) for t in ops),
             weights=tuple(float(t.priority_weight or 1) for t in ops),
         )

@@ -23,14 +23,21 @@ from airflow_drl_executor import traces
 URL_PREFIX = "/drl"
 
 
+_upgraded = False
+
+
 def _rows(limit: int, dag_ids: set[str]) -> list[dict[str, Any]]:
     from airflow.utils.session import create_session
     from sqlalchemy import inspect
 
+    global _upgraded
     with create_session() as session:
         conn = session.connection()
         if not inspect(conn).has_table(traces.placements.name):
             return []
+        if not _upgraded:  # a table of an earlier release, before this release's executor wrote to it
+            traces.ensure_schema(conn.engine)
+            _upgraded = True
         return [dict(r._mapping) for r in conn.execute(traces.outcomes_query(limit, dag_ids))]
 
 

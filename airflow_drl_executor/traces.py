@@ -26,8 +26,10 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    Uuid,
     bindparam,
     insert,
+    inspect,
     select,
     text,
 )
@@ -41,7 +43,9 @@ placements = Table(
     "drl_placement",
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("ti_id", String(36), nullable=False, index=True),
+    # the type of task_instance.id (native UUID on PostgreSQL, CHAR(32) elsewhere): joined as is,
+    # so that the join uses task_instance's primary key
+    Column("ti_id", Uuid(as_uuid=False), nullable=False, index=True),
     Column("dag_id", String(250), nullable=False),
     Column("run_id", String(250), nullable=False),
     Column("task_id", String(250), nullable=False),
@@ -100,8 +104,23 @@ class PlacementRecord:
 
 
 def ensure_schema(engine: Engine) -> None:
-    """Create the ``drl_placement`` table if it does not exist."""
+    """Create the ``drl_placement`` table if it does not exist; upgrade one of an earlier release
+    (``ti_id`` as the 36-character text of the UUID) to the type of ``task_instance.id``."""
     metadata.create_all(engine, checkfirst=True)
+    with engine.begin() as conn:
+        _upgrade_ti_id(conn)
+
+
+def _upgrade_ti_id(conn: Connection) -> None:
+    column = next(c for c in inspect(conn).get_columns(placements.name) if c["name"] == "ti_id")
+    if getattr(column["type"], "length", None) != 36:  # created by this release
+        return
+    name = placements.name
+    if conn.dialect.name == "postgresql":
+        conn.execute(text(f"ALTER TABLE {name} ALTER COLUMN ti_id TYPE UUID USING ti_id::uuid"))
+    else:  # CHAR(32) of hex digits, as SQLAlchemy's Uuid stores it; the wider column holds those
+        conn.execute(text(f"UPDATE {name} SET ti_id = REPLACE(ti_id, '-', '') WHERE ti_id LIKE '%-%'"))
+    log.info("drl_placement: ti_id upgraded to the type of task_instance.id (%s)", conn.dialect.name)
 
 
 def write(conn: Connection, records: Sequence[PlacementRecord]) -> None:
@@ -140,9 +159,9 @@ _OUTCOMES = """
                COALESCE(h.hostname, t.hostname) AS hostname
         FROM drl_placement p
         LEFT JOIN task_instance t
-               ON CAST(t.id AS VARCHAR(36)) = p.ti_id AND t.try_number = p.try_number
+               ON t.id = p.ti_id AND t.try_number = p.try_number
         LEFT JOIN task_instance_history h
-               ON CAST(h.task_instance_id AS VARCHAR(36)) = p.ti_id AND h.try_number = p.try_number
+               ON h.task_instance_id = p.ti_id AND h.try_number = p.try_number
         {where}
         ORDER BY p.id DESC
         LIMIT :limit

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import types
 import uuid
@@ -12,7 +13,7 @@ import pytest
 from airflow_drl_executor import executor as executor_mod
 from airflow_drl_executor.client import PlacementUnavailable
 from airflow_drl_executor.executor import DRLExecutor
-from airflow_drl_executor.graph_builder import _Structure
+from airflow_drl_executor.graph_builder import Batch, _Structure
 from policy.schema import Decision, PlacementReply, PlacementRequest, ReadyTask, RunGraph, TaskNode
 
 RUN = "etl/run1"
@@ -35,7 +36,7 @@ class FakeClient:
 def _workload(task_id: str) -> types.SimpleNamespace:
     ti = types.SimpleNamespace(id=uuid.uuid4(), dag_id="etl", run_id="run1", task_id=task_id, try_number=1,
                                dag_version_id=uuid.uuid4(), map_index=-1, queue="default", priority_weight=1,
-                               key=("etl", task_id, "run1", 1, -1))
+                               key=("etl", task_id, "run1", 1, -1), executor_config={})
     return types.SimpleNamespace(ti=ti)
 
 
@@ -43,7 +44,7 @@ def _workload(task_id: str) -> types.SimpleNamespace:
 def executor(monkeypatch: pytest.MonkeyPatch) -> DRLExecutor:
     ex = DRLExecutor()
     def build(ready, session):
-        return {RUN: GRAPH}, [], [ReadyTask(RUN, r.task_id) for r in ready]
+        return Batch({RUN: GRAPH}, [], [ReadyTask(RUN, r.task_id) for r in ready])
     monkeypatch.setattr(ex.graph_builder, "build", build)
     monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
     return ex
@@ -131,7 +132,7 @@ def _structure(*task_ids: str) -> _Structure:
 def test_one_run_with_two_dag_versions_in_a_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     """A clear "on the latest version", or a workload held across a redeploy, puts instances of
     one run with different DAG versions in one batch: the newest version's graph is used, and a
-    task it lacks is placed on its own queue or the least-loaded pool, never a scheduler crash."""
+    task it lacks is placed by the fallback from its own hints, never a scheduler crash."""
     ex = DRLExecutor()
     v1, v2 = str(uuid.UUID(int=1)), str(uuid.UUID(int=2))  # UUIDv7 ids: the newer sorts last
     structures = {v1: _structure("a", "b", "old"), v2: _structure("a", "b", "new")}
@@ -151,6 +152,46 @@ def test_one_run_with_two_dag_versions_in_a_batch(monkeypatch: pytest.MonkeyPatc
     assert old.ti.queue in ex.catalogue.names
 
 
+def test_a_bad_hint_or_a_missing_dag_costs_only_that_task_or_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """was: one SchemaError (a typo in one task's executor_config, or one run's serialized DAG
+    gone) sent the whole batch to its own queue or the least-loaded pool, whatever it needed:
+    a GPU task of another DAG landed on a CPU pool. Now the typo drops that hint only (the
+    policy still places the run, and the reason names what was ignored), and a run without a
+    graph is placed by the fallback from each workload's own hints, constraints kept."""
+    from policy.errors import SchemaError
+
+    ex = DRLExecutor()
+    good, gone = str(uuid.UUID(int=1)), str(uuid.UUID(int=2))
+    typo = dataclasses.replace(_structure("a", "b"), hints=({"pool": "gpuu", "cpus": 2}, {}))
+
+    def structure(vid, session):  # type: ignore[no-untyped-def]
+        if vid == gone:
+            raise SchemaError(f"dag version {vid}: no serialized DAG in the metadata database")
+        return typo
+    monkeypatch.setattr(ex.graph_builder, "structure", structure)
+    monkeypatch.setattr(ex.graph_builder, "_durations", lambda dag_id, session: {})
+    monkeypatch.setattr(ex.graph_builder, "_progress", lambda runs, session: [])
+    monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
+    ex._client = FakeClient(_reply({"a": "cpu-large", "b": "cpu-small"}))  # type: ignore[assignment]
+    a, b = _workload("a"), _workload("b")
+    a.ti.dag_version_id = b.ti.dag_version_id = good
+    other = [_workload(t) for t in ("train", "etl1", "etl2")]
+    for w in other:
+        w.ti.dag_id, w.ti.dag_version_id = "ml", gone
+    other[0].ti.executor_config = {"drl": {"gpus": 1, "kind": "gpu_train"}}
+    other[1].ti.executor_config = {"drl": {"cpus": "four"}}
+    records, held = ex._place([a, b, *other])
+    by_task = {r.task_id: r for _, r in records}
+    assert not held and set(by_task) == {"a", "b", "train", "etl1", "etl2"}
+    assert [t.task_id for t in ex._client.requests[-1].ready] == ["a", "b"], "the good run still asks the policy"
+    assert (by_task["a"].pool, by_task["a"].fallback) == ("cpu-large", False)
+    assert "ignored: task 'a': pinned pool 'gpuu'" in by_task["a"].reason
+    assert by_task["train"].pool == "gpu", "the GPU task keeps its constraint without its run's graph"
+    assert all(by_task[t].fallback and "cannot build the graph of its run: dag version" in by_task[t].reason
+               for t in ("train", "etl1", "etl2"))
+    assert "ignored: task 'etl1': executor_config drl.cpus" in by_task["etl1"].reason
+
+
 def test_an_unexpected_error_while_placing_falls_back_instead_of_stopping_the_scheduler(
         executor: DRLExecutor, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(ready, session):  # type: ignore[no-untyped-def]
@@ -160,7 +201,7 @@ def test_an_unexpected_error_while_placing_falls_back_instead_of_stopping_the_sc
     a, b = _workload("a"), _workload("b")
     records, held = executor._place([a, b])
     assert not held and len(records) == 2
-    assert all(r.fallback and r.reason == "fallback: placement failed: KeyError: 't9'" for _, r in records)
+    assert all(r.fallback and r.reason.startswith("fallback: placement failed: KeyError: 't9': ") for _, r in records)
     assert {a.ti.queue, b.ti.queue} <= set(executor.catalogue.names)
 
 
@@ -175,7 +216,7 @@ def test_tasks_held_for_a_better_pool_do_not_take_the_open_slots(monkeypatch: py
 
     monkeypatch.setattr(wl, "ExecuteTask", Task)
     ex = DRLExecutor(parallelism=4)
-    monkeypatch.setattr(ex.graph_builder, "build", lambda ready, session: (
+    monkeypatch.setattr(ex.graph_builder, "build", lambda ready, session: Batch(
         {RUN: RunGraph(RUN, tuple(TaskNode(t) for t in ("g1", "g2", "c", "d")), ())}, [],
         [ReadyTask(RUN, r.task_id) for r in ready]))
     monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
@@ -218,7 +259,7 @@ def test_only_what_celery_accepted_leaves_a_trace_and_a_ledger_entry(monkeypatch
 
     monkeypatch.setattr(wl, "ExecuteTask", Task)
     ex = DRLExecutor()
-    monkeypatch.setattr(ex.graph_builder, "build", lambda ready, session: (
+    monkeypatch.setattr(ex.graph_builder, "build", lambda ready, session: Batch(
         {RUN: GRAPH}, [], [ReadyTask(RUN, r.task_id) for r in ready]))
     monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
     written: list = []

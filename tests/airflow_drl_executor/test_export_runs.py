@@ -10,6 +10,7 @@ import datetime as dt
 import uuid
 
 import pytest
+from airflow.models.taskinstance import TaskInstance
 from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, create_engine, insert, text
 from sqlalchemy.orm import Session
 
@@ -18,6 +19,7 @@ from airflow_drl_executor.config import packaged_catalogue
 from airflow_drl_executor.export import export_runs
 from airflow_drl_executor.graph_builder import GraphBuilder, _Structure
 from policy.catalogue import load_catalogue
+from policy.errors import SchemaError
 from policy.schema import TaskNode
 
 CATALOGUE = load_catalogue(packaged_catalogue())
@@ -25,7 +27,7 @@ T0 = dt.datetime(2026, 12, 1, 2, 0, tzinfo=dt.UTC)
 
 task_instances = Table(
     "task_instance", MetaData(),
-    Column("id", String(36)), Column("try_number", Integer), Column("map_index", Integer),
+    Column("id", TaskInstance.__table__.c.id.type), Column("try_number", Integer), Column("map_index", Integer),
     Column("dag_version_id", String(36)), Column("state", String(20)),
     Column("start_date", DateTime(timezone=True)), Column("end_date", DateTime(timezone=True)),
 )
@@ -56,14 +58,14 @@ def session(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
 def _ran(session: Session, task_id: str, pool: str, seconds: float, *, map_index: int = -1,
          state: str = "success") -> None:
     """One placed instance of ``task_id`` (features as the executor records them) and its outcome."""
-    ti_id = str(uuid.uuid4())
+    ti_id = uuid.uuid4()
     start = T0 + dt.timedelta(minutes=1)
     session.execute(insert(task_instances), [{
         "id": ti_id, "try_number": 1, "map_index": map_index, "dag_version_id": "v1", "state": state,
         "start_date": start, "end_date": start + dt.timedelta(seconds=seconds)}])
     node = TaskNode(task_id, duration_s=60.0, kind="gpu_train" if task_id == "train" else "default")
     record = traces.PlacementRecord(
-        ti_id=ti_id, dag_id="etl", run_id="r1", task_id=task_id, map_index=map_index, try_number=1, pool=pool,
+        ti_id=str(ti_id), dag_id="etl", run_id="r1", task_id=task_id, map_index=map_index, try_number=1, pool=pool,
         vm_class="x", score=0.0, reason="", fallback=False, policy="eft", policy_version="1", request_id="q",
         decision_ms=1.0, features=node.to_json())
     session.execute(insert(traces.placements), [record.row(T0)])
@@ -101,8 +103,18 @@ def test_a_mapped_task_is_one_node_lasting_as_long_as_its_longest_instance(sessi
     assert nodes["train"].duration_s == pytest.approx(24.0)
 
 
-def test_a_run_whose_hints_are_bad_is_skipped(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
-    bad = dataclasses.replace(STRUCTURE, hints=({}, {}, {"cpus": -1}, {}))
+def test_a_bad_hint_is_dropped_as_the_executor_dropped_it(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
+    """was: the whole run was skipped; the executor places such a run with the hint ignored"""
+    bad = dataclasses.replace(STRUCTURE, hints=({}, {}, {"cpus": -1, "memory_gb": 16}, {}))
     monkeypatch.setattr(GraphBuilder, "structure", lambda self, version_id, session: bad)
+    _ran(session, "extract", "cpu-small", 10.0)
+    nodes, _ = _export(session)
+    assert (nodes["report"].cpus, nodes["report"].memory_gb) == (TaskNode("x").cpus, 16.0)
+
+
+def test_a_run_without_its_serialized_dag_is_skipped(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
+    def gone(self, version_id, session):  # type: ignore[no-untyped-def]
+        raise SchemaError(f"dag version {version_id}: no serialized DAG in the metadata database")
+    monkeypatch.setattr(GraphBuilder, "structure", gone)
     _ran(session, "extract", "cpu-small", 10.0)
     assert export_runs(session, CATALOGUE, since=T0 - dt.timedelta(hours=1), until=T0 + dt.timedelta(hours=1)) == []

@@ -1,33 +1,86 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
+import uuid
 
-from sqlalchemy import create_engine, text
+import pytest
+from airflow.models.taskinstance import TaskInstance
+from airflow.models.taskinstancehistory import TaskInstanceHistory
+from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, create_engine, insert
+from sqlalchemy.engine import Engine
 
 from airflow_drl_executor import traces
 
+U1, U2 = uuid.uuid4(), uuid.uuid4()
 
-def test_records_are_written_and_joined_with_outcomes() -> None:
-    engine = create_engine("sqlite://")
+
+def _airflow_tables(engine: Engine) -> None:
+    """task_instance and its history with the id types Airflow declares (CHAR(32) on SQLite)."""
+    meta = MetaData()
+
+    def outcome() -> list[Column[object]]:
+        return [Column("try_number", Integer), Column("start_date", DateTime), Column("end_date", DateTime),
+                Column("state", String(20)), Column("hostname", String(100))]
+
+    ti = Table("task_instance", meta, Column("id", TaskInstance.__table__.c.id.type), *outcome())
+    Table("task_instance_history", meta,
+          Column("task_instance_id", TaskInstanceHistory.__table__.c.task_instance_id.type), *outcome())
+    meta.create_all(engine)
     with engine.begin() as conn:
-        conn.execute(text("CREATE TABLE task_instance (id VARCHAR(36), try_number INT, start_date TIMESTAMP, "
-                          "end_date TIMESTAMP, state VARCHAR(20), hostname VARCHAR(100))"))
-        conn.execute(text("CREATE TABLE task_instance_history (task_instance_id VARCHAR(36), try_number INT, "
-                          "start_date TIMESTAMP, end_date TIMESTAMP, state VARCHAR(20), hostname VARCHAR(100))"))
-        conn.execute(text("INSERT INTO task_instance VALUES ('u1', 1, NULL, NULL, 'success', 'gpu@h')"))
-    traces.ensure_schema(engine)
-    traces.ensure_schema(engine)  # idempotent
+        conn.execute(insert(ti), [{"id": U1, "try_number": 1, "state": "success", "hostname": "gpu@h"}])
+
+
+def _record(ti_id: uuid.UUID, **changes: object) -> traces.PlacementRecord:
     rec = traces.PlacementRecord(
-        ti_id="u1", dag_id="d", run_id="r", task_id="t", map_index=-1, try_number=1, pool="gpu",
+        ti_id=str(ti_id), dag_id="d", run_id="r", task_id="t", map_index=-1, try_number=1, pool="gpu",
         vm_class="gpu-a10", score=-1.0, reason="because", fallback=False, policy="eft", policy_version="1",
         request_id="q", decision_ms=3.2, features={"duration_s": 5.0}, celery_id="c1")
+    return dataclasses.replace(rec, **changes)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def engine() -> Engine:
+    engine = create_engine("sqlite://")
+    _airflow_tables(engine)
+    return engine
+
+
+def test_records_are_written_and_joined_with_outcomes(engine: Engine) -> None:
+    """was: joined on CAST(t.id AS VARCHAR(36)), which never matched the 32 hex digits Airflow's
+    Uuid stores on SQLite: every placement showed no state, no host"""
+    traces.ensure_schema(engine)
+    traces.ensure_schema(engine)  # idempotent
     with engine.begin() as conn:
-        traces.write(conn, [rec])
+        traces.write(conn, [_record(U1)])
         rows = [dict(r._mapping) for r in conn.execute(traces.outcomes_query())]
     assert len(rows) == 1
     assert rows[0]["pool"] == "gpu" and rows[0]["state"] == "success" and rows[0]["hostname"] == "gpu@h"
     with engine.begin() as conn:
-        traces.write(conn, [dataclasses.replace(rec, dag_id="payroll", ti_id="u2")])
+        traces.write(conn, [_record(U2, dag_id="payroll")])
         assert [r.dag_id for r in conn.execute(traces.outcomes_query())] == ["payroll", "d"]
         assert [r.dag_id for r in conn.execute(traces.outcomes_query(dag_ids={"d", "other"}))] == ["d"]
         assert list(conn.execute(traces.outcomes_query(dag_ids=set()))) == [], "no readable DAG: no rows"
+        assert traces.dispatched(conn, [(str(U1), 1), (str(U1), 2), (str(U2), 1)]) == {(str(U1), 1), (str(U2), 1)}
+
+
+def legacy_table() -> Table:
+    """drl_placement as the earlier release created it: ti_id the 36-character text of the UUID."""
+    table = traces.placements.to_metadata(MetaData())
+    table.c.ti_id.type = String(36)
+    return table
+
+
+def test_a_table_of_the_earlier_release_is_upgraded_in_place(engine: Engine) -> None:
+    """its rows join after the upgrade, and new rows are written as this release writes them"""
+    old = legacy_table()
+    old.create(engine)
+    with engine.begin() as conn:
+        conn.execute(insert(old), [_record(U1).row(dt.datetime(2026, 12, 1, tzinfo=dt.UTC))])
+        assert [r.state for r in conn.execute(traces.outcomes_query())] == [None], "the bug: no join"
+    traces.ensure_schema(engine)
+    with engine.begin() as conn:
+        assert [r.state for r in conn.execute(traces.outcomes_query())] == ["success"]
+        traces.write(conn, [_record(U2)])
+        assert len(list(conn.execute(traces.outcomes_query()))) == 2
+        assert traces.dispatched(conn, [(str(U1), 1), (str(U2), 1)]) == {(str(U1), 1), (str(U2), 1)}
