@@ -96,6 +96,10 @@ class DRLExecutor(CeleryExecutor):
             ", ".join(self.catalogue.names), self.catalogue.source, _redact(cfg.redis_url),
             cfg.key_prefix, cfg.decision_timeout_ms, cfg.pool_check_interval_s,
         )
+        if self.default_queue not in self.catalogue.names:
+            self.log.info("DRLExecutor: [operators] default_queue %r is not one of the pools: every task is "
+                          "placed on a pool, and a callback for that queue runs on a live CPU pool",
+                          self.default_queue)
 
     def end(self, synchronous: bool = False) -> None:
         if self._pool_watch is not None:
@@ -161,14 +165,20 @@ class DRLExecutor(CeleryExecutor):
         return super()._get_workloads_to_schedule(open_slots + held)
 
     def _process_workloads(self, workload_items: Sequence[workloads.All]) -> None:
-        from airflow.executors.workloads import ExecuteTask
+        from airflow.executors.workloads import ExecuteCallback, ExecuteTask
 
         tasks = [w for w in workload_items if isinstance(w, ExecuteTask)]
+        callbacks = [w for w in workload_items if isinstance(w, ExecuteCallback)]
+        if callbacks:
+            self._route_callbacks(callbacks)
         records: list[tuple[Any, traces.PlacementRecord]] = []
         budget, self._open_slots = self._open_slots, None
         if tasks:
-            records, held = self._place(
-                tasks, budget=None if budget is None else budget - (len(workload_items) - len(tasks)))
+            budget = None if budget is None else budget - (len(workload_items) - len(tasks))
+            if budget is not None and budget <= 0:  # only held tasks, no slot: no request this heartbeat
+                held = {id(w) for w in tasks}
+            else:
+                records, held = self._place(tasks, budget=budget)
             if held:
                 workload_items = [w for w in workload_items if id(w) not in held]
         if workload_items:
@@ -182,6 +192,23 @@ class DRLExecutor(CeleryExecutor):
                 self._finish_at.pop(key, None)
         if sent and self.drl_config.record_traces:
             self._record(sent)
+
+    def _route_callbacks(self, callbacks: Sequence[Any]) -> None:
+        """Send each callback (Airflow 3.2+: deadline and DAG callbacks run by the executor) to
+        its own queue when that is one of our pools, else to the live CPU pool with the most free
+        slots: Celery sends it to ``[operators] default_queue`` or ``data["queue"]``, a queue no
+        pool worker consumes unless the catalogue names it, where it would wait forever."""
+        names = set(self.catalogue.names)
+        target = ""
+        for w in callbacks:
+            queue = w.callback.data.get("queue", self.default_queue)
+            if queue in names:
+                continue
+            if not target:
+                target = _callback_pool(self.pool_states())
+            self.log.info("DRLExecutor: callback %s: queue %r is not one of the pools: sent to %s",
+                          w.callback.key, queue, target)
+            w.callback.data = {**w.callback.data, "queue": target}
 
     def _key(self, workload: Any) -> Any:
         return self._ti_key(workload.ti)
@@ -453,6 +480,13 @@ class DRLExecutor(CeleryExecutor):
 
 def _with_celery_id(rec: traces.PlacementRecord, celery_id: str) -> traces.PlacementRecord:
     return replace(rec, celery_id=celery_id)
+
+
+def _callback_pool(pools: Sequence[PoolState]) -> str:
+    """The pool a callback runs on: up, no GPU when one without is up, most free slots, cheapest."""
+    live = [p for p in pools if p.up] or list(pools)
+    cpu = [p for p in live if p.gpus == 0] or live
+    return min(cpu, key=lambda p: (-p.free_slots, p.price_per_hour, p.name)).name
 
 
 def _redact(url: str) -> str:

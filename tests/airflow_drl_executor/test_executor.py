@@ -245,6 +245,15 @@ def test_tasks_held_for_a_better_pool_do_not_take_the_open_slots(monkeypatch: py
     ex.trigger_tasks(ex.parallelism - len(ex.running))  # one slot open
     assert sent == ["c", "d", "g1"], "one open slot: one task sent, the other kept queued"
     assert [w.ti.task_id for w in ex.queued_tasks.values()] == ["g2"], "g2 waits for a slot, still queued"
+    ex._client = FakeClient(_reply({}))  # type: ignore[assignment]
+    ex.running.discard(("busy", "2"))
+    ex.trigger_tasks(ex.parallelism - len(ex.running))  # a slot, but the policy holds g2
+    assert len(ex._client.requests) == 1 and sent == ["c", "d", "g1"]
+    ex.running.add(("busy", "3"))
+    for _ in range(3):  # no slot open: the held g2 is offered, but no request is made for it
+        ex.trigger_tasks(ex.parallelism - len(ex.running))
+    assert len(ex._client.requests) == 1, "was: a graph build and a policy round trip every heartbeat"
+    assert [w.ti.task_id for w in ex.queued_tasks.values()] == ["g2"]
 
 
 def test_only_what_celery_accepted_leaves_a_trace_and_a_ledger_entry(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -319,3 +328,23 @@ def test_adoption_hands_back_what_was_never_sent_and_keeps_the_rest_in_the_ledge
     assert [ti.task_id for ti in not_adopted] == ["held"]
     assert len(ex.running) == 3 and {p.name: p for p in ex.pool_states()}["gpu"].busy == 3
     assert len({p.name: p for p in ex.pool_states()}["gpu"].free_at) == 3, "the ledger knows them"
+
+
+def test_a_callback_for_a_queue_no_pool_consumes_runs_on_a_live_cpu_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """was: sent to [operators] default_queue ("default"), which no pool worker consumes: the
+    callback waited forever and held its executor slot"""
+    import airflow.executors.workloads as wl
+
+    class Callback(types.SimpleNamespace):
+        pass
+
+    monkeypatch.setattr(wl, "ExecuteCallback", Callback)
+    ex = DRLExecutor()
+    sent: dict[str, str] = {}
+    monkeypatch.setattr(ex, "_send_workloads", lambda tuples: sent.update({key: queue for key, _, queue, _ in tuples}))
+    mine = Callback(callback=types.SimpleNamespace(key="c1", data={"path": "m.f"}))
+    pinned = Callback(callback=types.SimpleNamespace(key="c2", data={"path": "m.f", "queue": "gpu"}))
+    ex._process_workloads([mine, pinned])  # type: ignore[list-item]
+    cpu = {p.name for p in ex.catalogue.pools if p.vm_class.gpus == 0}
+    assert sent["c1"] in cpu and mine.callback.data == {"path": "m.f", "queue": sent["c1"]}
+    assert sent["c2"] == "gpu", "a callback routed to one of the pools keeps it"
