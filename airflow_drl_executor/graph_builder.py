@@ -2,9 +2,9 @@
 
 Runs in the scheduler process, on the scheduler's metadata database: the DAG structure comes from
 the serialized DAG of each task instance's ``dag_version_id`` (cached per version), expected
-durations from the history of successful task instances (cached per DAG for ``history_ttl_s``),
-hints from the task's ``executor_config={"drl": {...}}``, and progress from the run's task
-instance states. Mapped task instances of one task share one graph node (and one placement).
+durations from the successful task instances of the DAG's latest ``HISTORY_RUNS`` runs (cached per
+DAG for ``history_ttl_s``), hints from the task's ``executor_config={"drl": {...}}``, and progress
+from the run's task instance states. Mapped task instances of one task share one graph node (and one placement).
 
 Task hints (all optional)::
 
@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 FINISHED_STATES = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
 RUNNING_STATES = frozenset({"running", "queued", "restarting"})
 _HINTS = ("duration_s", "cpus", "memory_gb", "gpus", "priority")
+#: expected durations are the mean of a task's successful tries in the DAG's latest runs
+HISTORY_RUNS = 20
 
 
 @dataclass(frozen=True)
@@ -225,15 +227,22 @@ class GraphBuilder:
         hit = self._history.get(dag_id)
         if hit is not None and now - hit[0] < self.history_ttl_s:
             return hit[1]
+        from airflow.models.dagrun import DagRun
         from airflow.models.taskinstance import TaskInstance
         from sqlalchemy import func, select
 
+        # Two bounded reads (MySQL takes no LIMIT in an IN subquery): the DAG's latest runs by the
+        # dag_run primary key, then their successful task instances by (dag_id, run_id); the
+        # history of a DAG that has run hourly for years stays HISTORY_RUNS runs of work.
+        recent = session.execute(
+            select(DagRun.run_id).where(DagRun.dag_id == dag_id).order_by(DagRun.id.desc()).limit(HISTORY_RUNS)
+        ).scalars().all()
         rows = session.execute(
             select(TaskInstance.task_id, func.avg(TaskInstance.duration))
-            .where(TaskInstance.dag_id == dag_id, TaskInstance.state == "success",
-                   TaskInstance.duration.is_not(None))
+            .where(TaskInstance.dag_id == dag_id, TaskInstance.run_id.in_(list(recent)),
+                   TaskInstance.state == "success", TaskInstance.duration.is_not(None))
             .group_by(TaskInstance.task_id)
-        ).all()
+        ).all() if recent else []
         durations = {task_id: max(float(avg), 0.001) for task_id, avg in rows if avg is not None}
         self._history[dag_id] = (now, durations)
         return durations

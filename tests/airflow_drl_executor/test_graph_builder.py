@@ -60,3 +60,29 @@ def test_a_mapped_task_is_finished_only_when_every_instance_is() -> None:
             ("etl", "r1", "done", "success"), ("etl", "r1", "done", "skipped"), ("etl", "r1", "later", None)]
     (p,) = gb._progress({("etl", "r1")}, _Session(rows))  # type: ignore[arg-type]
     assert (p.finished, p.running) == (("done",), ("m",))
+
+
+def test_durations_are_the_mean_of_the_dags_latest_runs_only() -> None:
+    """was: AVG over every successful try the DAG ever had, on the heartbeat: a DAG run hourly for
+    years scanned all of them, and a task that got faster kept its old mean"""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.orm import Session
+
+    from airflow_drl_executor.graph_builder import HISTORY_RUNS, GraphBuilder
+
+    engine = create_engine("sqlite://")
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE dag_run (id INTEGER PRIMARY KEY, dag_id TEXT, run_id TEXT)"))
+        conn.execute(text("CREATE TABLE task_instance (dag_id TEXT, run_id TEXT, task_id TEXT, state TEXT, "
+                          "duration FLOAT)"))
+        for i in range(100):  # 80 old runs at 100 s, then HISTORY_RUNS at 10 s; another DAG at 1 s
+            conn.execute(text("INSERT INTO dag_run (dag_id, run_id) VALUES ('etl', :r), ('other', :r)"),
+                         {"r": f"r{i}"})
+            seconds = 10.0 if i >= 100 - HISTORY_RUNS else 100.0
+            conn.execute(text("INSERT INTO task_instance VALUES ('etl', :r, 't', 'success', :s), "
+                              "('etl', :r, 'u', 'failed', 500), ('other', :r, 't', 'success', 1)"),
+                         {"r": f"r{i}", "s": seconds})
+    gb = GraphBuilder(pool_names=POOLS, default_queue="default", default_duration_s=60, history_ttl_s=300)
+    with Session(engine) as session:
+        assert gb._durations("etl", session) == {"t": 10.0}
+        assert gb._durations("never-ran", session) == {}
