@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from policy.errors import PolicyError, SchemaError
 from policy.graph import view
+from policy.lru import LRU
 from policy.schema import ReadyTask, RunGraph, RunProgress, TaskNode
 
 if TYPE_CHECKING:
@@ -34,6 +35,10 @@ RUNNING_STATES = frozenset({"running", "queued", "restarting"})
 _HINTS = ("duration_s", "cpus", "memory_gb", "gpus", "priority")
 #: expected durations are the mean of a task's successful tries in the DAG's latest runs
 HISTORY_RUNS = 20
+#: DAG versions (structures) and DAGs (duration history) kept, least recently used out
+MAX_VERSIONS = 2048
+#: task nodes of the run graphs kept between heartbeats (~300 B each)
+MAX_CACHED_NODES = 200_000
 
 
 @dataclass(frozen=True)
@@ -127,9 +132,11 @@ class GraphBuilder:
         self.default_queue = default_queue
         self.default_duration_s = default_duration_s
         self.history_ttl_s = history_ttl_s
-        self._structures: dict[str, _Structure] = {}
-        self._history: dict[str, tuple[float, dict[str, float]]] = {}
+        self._structures: LRU[str, _Structure] = LRU(MAX_VERSIONS)
+        self._history: LRU[str, tuple[float, dict[str, float]]] = LRU(MAX_VERSIONS)
+        #: (run key, dag version) -> (built at, graph, ignored hints), oldest first
         self._graphs: dict[tuple[str, str], tuple[float, RunGraph, Mapping[str, str]]] = {}
+        self._cached_nodes = 0
 
     def build(self, ready: Sequence[ReadyInstance], session: Session) -> Batch:
         """The graphs, progress and ready tasks of a batch. A run whose graph cannot be built (no
@@ -194,7 +201,11 @@ class GraphBuilder:
             log.warning("DRLExecutor: %s: invalid executor_config hints ignored: %s", inst.run_key,
                         "; ".join(problems.values()))
         graph = RunGraph(run_key=inst.run_key, tasks=tuple(nodes), edges=structure.edges)
+        if cached is not None:
+            self._cached_nodes -= len(cached[1].tasks)
+            del self._graphs[cache_key]  # re-inserted: newest
         self._graphs[cache_key] = (now, graph, problems)
+        self._cached_nodes += len(nodes)
         return graph, problems
 
     def structure(self, version_id: str, session: Session) -> _Structure:
@@ -219,8 +230,7 @@ class GraphBuilder:
             queues=tuple(str(t.queue) for t in ops),
             weights=tuple(float(t.priority_weight or 1) for t in ops),
         )
-        self._structures[version_id] = structure
-        return structure
+        return self._structures.put(version_id, structure)
 
     def _durations(self, dag_id: str, session: Session) -> dict[str, float]:
         now = time.monotonic()
@@ -244,7 +254,7 @@ class GraphBuilder:
             .group_by(TaskInstance.task_id)
         ).all() if recent else []
         durations = {task_id: max(float(avg), 0.001) for task_id, avg in rows if avg is not None}
-        self._history[dag_id] = (now, durations)
+        self._history.put(dag_id, (now, durations))
         return durations
 
     def _progress(self, runs: set[tuple[str, str]], session: Session) -> list[RunProgress]:
@@ -282,7 +292,12 @@ class GraphBuilder:
             for key in sorted(finished)
         ]
 
-    def _evict(self, active: set[str], keep: int = 4096) -> None:
-        if len(self._graphs) > keep:
-            for key in [k for k in self._graphs if k[0] not in active][: len(self._graphs) - keep]:
-                del self._graphs[key]
+    def _evict(self, active: set[str]) -> None:
+        """Drop the oldest graphs of runs not in this batch while the cache holds more than
+        ``MAX_CACHED_NODES`` task nodes (a bound on memory, whatever the runs' sizes)."""
+        if self._cached_nodes <= MAX_CACHED_NODES:
+            return
+        for key in [k for k in self._graphs if k[0] not in active]:
+            self._cached_nodes -= len(self._graphs.pop(key)[1].tasks)
+            if self._cached_nodes <= MAX_CACHED_NODES:
+                break

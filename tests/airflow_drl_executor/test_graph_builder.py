@@ -86,3 +86,25 @@ def test_durations_are_the_mean_of_the_dags_latest_runs_only() -> None:
     with Session(engine) as session:
         assert gb._durations("etl", session) == {"t": 10.0}
         assert gb._durations("never-ran", session) == {}
+
+
+def test_the_graph_cache_is_bounded_in_nodes_and_keeps_the_batchs_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """was: at most 4,096 graphs whatever their size (4,096 runs of 5,000 tasks: ~5 GB)"""
+    from airflow_drl_executor import graph_builder as gbm
+    from airflow_drl_executor.graph_builder import GraphBuilder, ReadyInstance, _Structure
+
+    monkeypatch.setattr(gbm, "MAX_CACHED_NODES", 2500)
+    gb = GraphBuilder(pool_names=POOLS, default_queue="default", default_duration_s=60, history_ttl_s=300)
+    ids = tuple(f"t{i}" for i in range(1000))
+    big = _Structure(task_ids=ids, edges=(), hints=tuple({} for _ in ids), queues=tuple("default" for _ in ids),
+                     weights=tuple(1.0 for _ in ids))
+    monkeypatch.setattr(gb, "structure", lambda vid, session: big)
+    monkeypatch.setattr(gb, "_durations", lambda dag_id, session: {})
+    monkeypatch.setattr(gb, "_progress", lambda runs, session: [])
+    for i in range(6):
+        gb.build([ReadyInstance("etl", f"r{i}", "t1", 1, "v1")], None)  # type: ignore[arg-type]
+        assert gb._cached_nodes <= 2500 and (f"etl/r{i}", "v1") in gb._graphs
+    assert [k[0] for k in gb._graphs] == ["etl/r4", "etl/r5"], "the oldest go first"
+    batch = gb.build([ReadyInstance("etl", f"r{i}", "t1", 1, "v1") for i in range(4)], None)  # type: ignore[arg-type]
+    assert len(batch.graphs) == 4 and {k[0] for k in gb._graphs} == {f"etl/r{i}" for i in range(4)}
+    assert gb._cached_nodes == 4000, "a batch's own runs are never evicted, even over the bound"
