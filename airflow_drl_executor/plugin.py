@@ -4,7 +4,8 @@ Mounted under ``/drl`` in the api-server (FastAPI sub-application) and linked fr
 bar as an external view. Plugin apps get no authentication from Airflow, so every route depends on
 Airflow's own user dependency (the session cookie of a logged-in user, or a bearer token) and
 shows only the placements of the DAGs the auth manager lets that user read
-(``get_authorized_dag_ids``), as Airflow's own list endpoints do.
+(``get_authorized_dag_ids``), to a user who may read task instances, as Airflow's own
+task-instance list does.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import html
 from typing import Any
 
 from airflow.api_fastapi.app import get_auth_manager
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
 from airflow.api_fastapi.core_api.security import GetUserDep
 from airflow.plugins_manager import AirflowPlugin
-from fastapi import Depends, FastAPI, Query
+from fastapi import Depends, FastAPI, HTTPException, Query, status
 from fastapi.responses import HTMLResponse
 
 from airflow_drl_executor import traces
@@ -57,8 +59,14 @@ COLUMNS = ("dag_id", "run_id", "task_id", "try_number", "pool", "vm_class", "fal
 
 def create_app() -> FastAPI:
     def readable(user: GetUserDep) -> set[str]:
-        """The DAGs this user may read: the only ones whose placements are shown."""
-        return set(get_auth_manager().get_authorized_dag_ids(user=user, method="GET"))
+        """The DAGs this user may read: the only ones whose placements are shown. A placement is
+        a task instance's record: as for Airflow's own task-instance list, a user without read
+        access to task instances gets 403."""
+        auth = get_auth_manager()
+        if not auth.is_authorized_dag(method="GET", access_entity=DagAccessEntity.TASK_INSTANCE,
+                                      details=DagDetails(), user=user):
+            raise HTTPException(status.HTTP_403_FORBIDDEN, "Forbidden: no read access to task instances")
+        return set(auth.get_authorized_dag_ids(user=user, method="GET"))
 
     app = FastAPI(title="DRL Executor placements")
 

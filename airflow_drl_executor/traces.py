@@ -63,7 +63,7 @@ placements = Table(
     Column("waited_s", Float, nullable=False, default=0.0),
     Column("celery_id", String(64), nullable=True),
     Column("features", Text, nullable=False),
-    Column("decided_at", DateTime(timezone=True), nullable=False),
+    Column("decided_at", DateTime(timezone=True), nullable=False, index=True),
 )
 
 
@@ -105,10 +105,13 @@ class PlacementRecord:
 
 def ensure_schema(engine: Engine) -> None:
     """Create the ``drl_placement`` table if it does not exist; upgrade one of an earlier release
-    (``ti_id`` as the 36-character text of the UUID) to the type of ``task_instance.id``."""
+    (``ti_id`` as the 36-character text of the UUID, to the type of ``task_instance.id``; the
+    index on ``decided_at``, which export and pruning filter on)."""
     metadata.create_all(engine, checkfirst=True)
     with engine.begin() as conn:
         _upgrade_ti_id(conn)
+        for index in placements.indexes:  # an index added since the table was created
+            index.create(conn, checkfirst=True)
 
 
 def _upgrade_ti_id(conn: Connection) -> None:
@@ -138,6 +141,21 @@ def dispatched(conn: Connection, tries: Collection[tuple[str, int]]) -> set[tupl
     ids = sorted({ti_id for ti_id, _ in tries})
     rows = conn.execute(select(placements.c.ti_id, placements.c.try_number).where(placements.c.ti_id.in_(ids)))
     return {(str(r.ti_id), int(r.try_number)) for r in rows} & set(tries)
+
+
+def prune(engine: Engine, before: dt.datetime, *, batch: int = 10_000) -> int:
+    """Delete the placements decided before ``before``, ``batch`` rows per transaction (short
+    locks on a busy table: the executor keeps inserting meanwhile); the number deleted."""
+    deleted = 0
+    while True:
+        with engine.begin() as conn:
+            ids = conn.execute(select(placements.c.id).where(placements.c.decided_at < before)
+                               .order_by(placements.c.id).limit(batch)).scalars().all()
+            if ids:
+                conn.execute(placements.delete().where(placements.c.id.in_(ids)))
+        if not ids:
+            return deleted
+        deleted += len(ids)
 
 
 def outcomes_query(limit: int = 500, dag_ids: Collection[str] | None = None) -> Any:

@@ -7,6 +7,8 @@
    heuristic on those replayed runs (and the seed families) for at most ``minutes``, evaluates
    the candidate against the incumbent on held-out replayed runs in the simulator, and promotes it
    in the model registry only if it beats the incumbent; policy servers hot-reload it.
+3. ``prune_traces`` deletes placements decided more than ``keep_days`` ago, and replay files as
+   old, once they are exported (the table grows by one row per task try; 0 keeps everything).
 
 The DAG is tagged ``drl-exclude``: its own runs never become training data. It needs the
 ``drl_traces`` connection (the database holding ``drl_placement``, usually Airflow's own) and
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+from typing import Any
 
 import pendulum
 from airflow.providers.standard.operators.bash import BashOperator
@@ -51,6 +54,27 @@ def catalogue_path() -> str:
     return str(conf.get(SECTION, "catalogue", fallback=None) or packaged_catalogue())
 
 
+def traces_engine() -> Any:
+    """An engine on the ``drl_traces`` connection (the database holding ``drl_placement``)."""
+    from airflow.sdk import BaseHook
+    from sqlalchemy import create_engine
+
+    uri = BaseHook.get_connection("drl_traces").get_uri()
+    return create_engine(uri.replace("postgres://", "postgresql://", 1))  # SQLAlchemy's dialect name
+
+
+def prune_replays(folder: str, before: dt.datetime) -> list[str]:
+    """Delete the replay files in ``folder`` last written before ``before``; their names."""
+    gone = []
+    if os.path.isdir(folder):
+        for name in sorted(os.listdir(folder)):
+            path = os.path.join(folder, name)
+            if name.startswith("replay-") and name.endswith(".jsonl") and os.path.getmtime(path) < before.timestamp():
+                os.remove(path)
+                gone.append(name)
+    return gone
+
+
 @dag(
     dag_id="drl_nightly_retrain",
     schedule="0 2 * * *",
@@ -60,14 +84,12 @@ def catalogue_path() -> str:
     is_paused_upon_creation=True,  # an operator turns retraining on deliberately
     tags=["drl", "drl-exclude"],
     # extra_args: more drl-trainer finetune flags (e.g. a small evaluation for a smoke test)
-    params={"hours": 24, "minutes": 10, "min_improvement": 0.01, "seed": 1, "extra_args": ""},
+    params={"hours": 24, "minutes": 10, "min_improvement": 0.01, "seed": 1, "extra_args": "", "keep_days": 90},
 )
 def drl_nightly_retrain() -> None:
     # one XCom, the dict: finetune's template reads its keys
     @task(executor_config={"drl": {"duration_s": 30, "cpus": 1, "memory_gb": 2}}, multiple_outputs=False)
     def export_traces() -> dict[str, str]:
-        from airflow.sdk import BaseHook
-        from sqlalchemy import create_engine
         from sqlalchemy.orm import Session
 
         from airflow_drl_executor.export import export_runs
@@ -79,8 +101,7 @@ def drl_nightly_retrain() -> None:
         since = until - dt.timedelta(hours=float(ctx["params"]["hours"]))
         pools = catalogue_path()
         catalogue = load_catalogue(pools)
-        uri = BaseHook.get_connection("drl_traces").get_uri()
-        engine = create_engine(uri.replace("postgres://", "postgresql://", 1))  # SQLAlchemy's dialect name
+        engine = traces_engine()
         try:
             with Session(engine) as session:
                 runs = export_runs(session, catalogue, since=since, until=until)
@@ -109,7 +130,26 @@ def drl_nightly_retrain() -> None:
         ),
         executor_config={"drl": {"duration_s": 600, "cpus": 4, "memory_gb": 8, "kind": "gpu_train"}},
     )
-    export_traces() >> finetune
+    @task(executor_config={"drl": {"duration_s": 30, "cpus": 1, "memory_gb": 2}})
+    def prune_traces() -> None:
+        from airflow_drl_executor import traces
+
+        keep_days = float(get_current_context()["params"]["keep_days"])
+        if keep_days <= 0:
+            print("keep_days is 0: every placement and replay file is kept")
+            return
+        before = dt.datetime.now(dt.UTC) - dt.timedelta(days=keep_days)
+        engine = traces_engine()
+        try:
+            deleted = traces.prune(engine, before)
+        finally:
+            engine.dispose()
+        gone = prune_replays(traces_dir(), before)
+        print(f"pruned {deleted} placements and {len(gone)} replay files decided before {before:%Y-%m-%d %H:%M}")
+
+    exported = export_traces()
+    exported >> finetune
+    exported >> prune_traces()
 
 
 drl_nightly_retrain()

@@ -84,3 +84,27 @@ def test_a_table_of_the_earlier_release_is_upgraded_in_place(engine: Engine) -> 
         traces.write(conn, [_record(U2)])
         assert len(list(conn.execute(traces.outcomes_query()))) == 2
         assert traces.dispatched(conn, [(str(U1), 1), (str(U2), 1)]) == {(str(U1), 1), (str(U2), 1)}
+
+
+def test_prune_deletes_only_what_is_older_than_the_cutoff_in_batches(engine: Engine) -> None:
+    traces.ensure_schema(engine)
+    t0 = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+    with engine.begin() as conn:
+        conn.execute(insert(traces.placements), [
+            _record(uuid.uuid4(), task_id=f"t{i}").row(t0 + dt.timedelta(days=i)) for i in range(25)])
+    assert traces.prune(engine, t0 + dt.timedelta(days=20), batch=7) == 20
+    with engine.begin() as conn:
+        left = sorted(r.task_id for r in conn.execute(traces.outcomes_query()))
+    assert left == [f"t{i}" for i in range(20, 25)]
+    assert traces.prune(engine, t0 + dt.timedelta(days=20)) == 0
+
+
+def test_an_earlier_table_gets_the_decided_at_index(engine: Engine) -> None:
+    old = legacy_table()
+    for index in list(old.indexes):
+        if index.columns.keys() == ["decided_at"]:
+            old.indexes.discard(index)
+    old.create(engine)
+    traces.ensure_schema(engine)
+    from sqlalchemy import inspect
+    assert any(i["column_names"] == ["decided_at"] for i in inspect(engine).get_indexes("drl_placement"))

@@ -100,3 +100,45 @@ def test_finetune_runs_on_what_export_traces_wrote(module: types.ModuleType, cat
     assert out.stdout.splitlines() == [
         "finetune", "--replay", xcom["replay"], "--registry", str(registry), "--pools", str(catalogue),
         "--minutes", "10", "--min-improvement", "0.01", "--seed", "1", "--guard", ""]
+
+
+def test_prune_traces_keeps_keep_days_of_placements_and_replays(module: types.ModuleType, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """was: drl_placement grew by a row per task try forever, and a replay file a night"""
+    import uuid
+
+    import airflow.sdk
+    from sqlalchemy import create_engine, func, insert, select
+
+    from airflow_drl_executor import traces
+
+    db = f"sqlite:///{tmp_path / 'traces.db'}"
+    engine = create_engine(db)
+    traces.ensure_schema(engine)
+    now = dt.datetime.now(dt.UTC)
+    rec = traces.PlacementRecord(ti_id=str(uuid.uuid4()), dag_id="d", run_id="r", task_id="t", map_index=-1,
+                                 try_number=1, pool="gpu", vm_class="x", score=0.0, reason="", fallback=False,
+                                 policy="eft", policy_version="1", request_id="q", decision_ms=1.0, features={})
+    with engine.begin() as conn:
+        conn.execute(insert(traces.placements), [rec.row(now - dt.timedelta(days=d)) for d in (1, 5, 40, 400)])
+    folder = tmp_path / "registry" / "traces"
+    folder.mkdir(parents=True)
+    for name, age_days in (("replay-old.jsonl", 40), ("replay-new.jsonl", 1), ("notes.txt", 400)):
+        (folder / name).write_text("")
+        stamp = (now - dt.timedelta(days=age_days)).timestamp()
+        os.utime(folder / name, (stamp, stamp))
+    monkeypatch.setenv("DRL_REGISTRY_DIR", str(tmp_path / "registry"))
+    monkeypatch.delenv("DRL_TRACES_DIR", raising=False)
+    monkeypatch.setattr(airflow.sdk.BaseHook, "get_connection",
+                        lambda conn_id: types.SimpleNamespace(get_uri=lambda: db))
+    prune = module.drl_nightly_retrain().get_task("prune_traces").python_callable
+    monkeypatch.setattr(module, "get_current_context", lambda: {"params": {"keep_days": 0}})
+    prune()
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(traces.placements)).scalar() == 4, "0 keeps all"
+    monkeypatch.setattr(module, "get_current_context", lambda: {"params": {"keep_days": 30}})
+    prune()
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(traces.placements)).scalar() == 2
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt", "replay-new.jsonl"]
+    engine.dispose()
