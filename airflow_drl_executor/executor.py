@@ -71,6 +71,8 @@ class DRLExecutor(CeleryExecutor):
         self._finish_at: dict[Any, float] = {}
         self._held_since: dict[Any, float] = {}
         self._open_slots: int | None = None  # of the heartbeat being processed
+        #: task instances running on each pool per the metadata DB (every scheduler's), last read
+        self._running_in_db: dict[str, int] = {}
         self._traces_ready = False
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -218,11 +220,15 @@ class DRLExecutor(CeleryExecutor):
         return self.get_task_key(ti) if self.supports_task_instance_uuid else ti.key
 
     def pool_states(self) -> tuple[PoolState, ...]:
-        """The catalogue's pools with the slots this executor has in flight on each, the expected
-        finish times of those tasks (its ledger), and how far each pool may grow; with the pool
-        liveness check on, each pool's live Celery workers (a pool that must have a worker and
-        has none is down; one that may scale to zero is not)."""
+        """The catalogue's pools with the slots in use on each (this executor's tasks in flight, or
+        the task instances running there per the metadata DB when those are more: other
+        schedulers' tasks), the expected finish times of this executor's tasks (its ledger), and
+        how far each pool may grow; with the pool liveness check on, each pool's live Celery
+        workers (a pool that must have a worker and has none is down; one that may scale to zero
+        is not)."""
         busy = Counter(pool for key, pool in self._pool_of.items() if key in self.running)
+        for pool, n in self._running_in_db.items():  # with HA schedulers, the others' tasks too
+            busy[pool] = max(busy[pool], n)
         finish: dict[str, list[float]] = {}
         for key, pool in self._pool_of.items():
             if key in self.running and key in self._finish_at:
@@ -291,7 +297,9 @@ class DRLExecutor(CeleryExecutor):
         unplaced = ""  # why the executor places the tasks the request does not hold itself
         try:
             with create_session() as session:
+                self._running_in_db = self.graph_builder.running_by_pool(session)
                 batch = self.graph_builder.build(ready, session)
+            pools = self.pool_states()
             graphs, ignored, failed = batch.graphs, batch.ignored, batch.failed
             ready_tasks = self._with_held(batch.ready, ready, tasks)
             asked = {t.key for t in ready_tasks}

@@ -257,6 +257,18 @@ class GraphBuilder:
         self._history.put(dag_id, (now, durations))
         return durations
 
+    def running_by_pool(self, session: Session) -> dict[str, int]:
+        """Task instances running on each pool, whichever scheduler sent them (by ``ti_state``)."""
+        from airflow.models.taskinstance import TaskInstance
+        from sqlalchemy import func, select
+
+        rows = session.execute(
+            select(TaskInstance.queue, func.count())
+            .where(TaskInstance.state == "running", TaskInstance.queue.in_(self.pool_names))
+            .group_by(TaskInstance.queue)
+        ).all()
+        return {str(queue): int(n) for queue, n in rows}
+
     def _progress(self, runs: set[tuple[str, str]], session: Session) -> list[RunProgress]:
         from airflow.models.dagrun import DagRun
         from airflow.models.taskinstance import TaskInstance

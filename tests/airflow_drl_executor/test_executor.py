@@ -13,10 +13,11 @@ import pytest
 from airflow_drl_executor import executor as executor_mod
 from airflow_drl_executor.client import PlacementUnavailable
 from airflow_drl_executor.executor import DRLExecutor
-from airflow_drl_executor.graph_builder import Batch, _Structure
+from airflow_drl_executor.graph_builder import Batch, GraphBuilder, _Structure
 from policy.schema import Decision, PlacementReply, PlacementRequest, ReadyTask, RunGraph, TaskNode
 
 RUN = "etl/run1"
+RUNNING_BY_POOL = GraphBuilder.running_by_pool  # the query, before the fixture below fakes it
 GRAPH = RunGraph(RUN, (TaskNode("a", duration_s=10), TaskNode("b", duration_s=10, gpus=1, kind="gpu_train")), ())
 
 
@@ -38,6 +39,12 @@ def _workload(task_id: str) -> types.SimpleNamespace:
                                dag_version_id=uuid.uuid4(), map_index=-1, queue="default", priority_weight=1,
                                key=("etl", task_id, "run1", 1, -1), executor_config={})
     return types.SimpleNamespace(ti=ti)
+
+
+@pytest.fixture(autouse=True)
+def _no_other_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The metadata DB's running tasks are read by a query of its own (tested below)."""
+    monkeypatch.setattr(GraphBuilder, "running_by_pool", lambda self, session: {})
 
 
 @pytest.fixture
@@ -348,3 +355,25 @@ def test_a_callback_for_a_queue_no_pool_consumes_runs_on_a_live_cpu_pool(monkeyp
     cpu = {p.name for p in ex.catalogue.pools if p.vm_class.gpus == 0}
     assert sent["c1"] in cpu and mine.callback.data == {"path": "m.f", "queue": sent["c1"]}
     assert sent["c2"] == "gpu", "a callback routed to one of the pools keeps it"
+
+
+def test_with_ha_schedulers_the_pools_count_every_schedulers_running_tasks(
+        executor: DRLExecutor, monkeypatch: pytest.MonkeyPatch) -> None:
+    """was: each scheduler's executor counted only the tasks it had sent: with two schedulers,
+    each saw the pools half as busy as they were"""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.orm import Session
+
+    engine = create_engine("sqlite://")
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE task_instance (queue TEXT, state TEXT)"))
+        conn.execute(text("INSERT INTO task_instance VALUES ('gpu', 'running'), ('gpu', 'running'), "
+                          "('gpu', 'queued'), ('cpu-small', 'success'), ('default', 'running')"))
+    with Session(engine) as session:
+        counts = RUNNING_BY_POOL(executor.graph_builder, session)
+    assert counts == {"gpu": 2}, "running only, on our pools only"
+    monkeypatch.setattr(executor.graph_builder, "running_by_pool", lambda session: counts)
+    executor._client = FakeClient(_reply({"a": "cpu-small", "b": "gpu"}))  # type: ignore[assignment]
+    executor._place([_workload("a"), _workload("b")])
+    gpu = next(p for p in executor._client.requests[-1].pools if p.name == "gpu")
+    assert gpu.busy == 2, "the request saw the other scheduler's two GPU tasks"
