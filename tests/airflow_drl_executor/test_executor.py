@@ -347,14 +347,19 @@ def test_a_callback_for_a_queue_no_pool_consumes_runs_on_a_live_cpu_pool(monkeyp
 
     monkeypatch.setattr(wl, "ExecuteCallback", Callback)
     ex = DRLExecutor()
-    sent: dict[str, str] = {}
+    sent: dict[object, str] = {}
     monkeypatch.setattr(ex, "_send_workloads", lambda tuples: sent.update({key: queue for key, _, queue, _ in tuples}))
-    mine = Callback(callback=types.SimpleNamespace(key="c1", data={"path": "m.f"}))
-    pinned = Callback(callback=types.SimpleNamespace(key="c2", data={"path": "m.f", "queue": "gpu"}))
+    from airflow.executors.workloads.callback import CallbackDTO
+
+    def callback(**data: str) -> CallbackDTO:
+        return CallbackDTO(id=str(uuid.uuid4()), fetch_method="import_path", data={"path": "m.f", **data})
+
+    mine, pinned = Callback(callback=callback()), Callback(callback=callback(queue="gpu"))
     ex._process_workloads([mine, pinned])  # type: ignore[list-item]
     cpu = {p.name for p in ex.catalogue.pools if p.vm_class.gpus == 0}
-    assert sent["c1"] in cpu and mine.callback.data == {"path": "m.f", "queue": sent["c1"]}
-    assert sent["c2"] == "gpu", "a callback routed to one of the pools keeps it"
+    assert sent[mine.callback.key] in cpu
+    assert mine.callback.data == {"path": "m.f", "queue": sent[mine.callback.key]}
+    assert sent[pinned.callback.key] == "gpu", "a callback routed to one of the pools keeps it"
 
 
 def test_with_ha_schedulers_the_pools_count_every_schedulers_running_tasks(
