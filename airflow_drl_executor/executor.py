@@ -327,7 +327,7 @@ class DRLExecutor(CeleryExecutor):
             decisions.update(own)
         for key, why in ignored.items():
             if key in decisions:
-                decisions[key] = replace(decisions[key], reason=f"{decisions[key].reason}; ignored: {why}")
+                decisions[key] = _noting(decisions[key], why)
         decision_ms = (time.perf_counter() - started) * 1000.0
 
         records = []
@@ -354,6 +354,7 @@ class DRLExecutor(CeleryExecutor):
                 decision = self._fallback([ReadyTask(inst.run_key, inst.task_id)], pools, graphs,
                                           f"waited {waited:.0f}s for a better pool, placing now"
                                           )[(inst.run_key, inst.task_id)]
+                decision = _noting(decision, ignored.get((inst.run_key, inst.task_id)))
             self._held_since.pop(key, None)
             placed.append(w)
             w.ti.queue = decision.pool
@@ -488,6 +489,11 @@ class DRLExecutor(CeleryExecutor):
 
 def _with_celery_id(rec: traces.PlacementRecord, celery_id: str) -> traces.PlacementRecord:
     return replace(rec, celery_id=celery_id)
+
+
+def _noting(decision: Decision, ignored: str | None) -> Decision:
+    """``decision`` with the task's ignored hints (if any) at the end of its reason."""
+    return decision if not ignored else replace(decision, reason=f"{decision.reason}; ignored: {ignored}")
 
 
 def _callback_pool(pools: Sequence[PoolState]) -> str:

@@ -197,6 +197,14 @@ def test_a_bad_hint_or_a_missing_dag_costs_only_that_task_or_run(monkeypatch: py
     assert all(by_task[t].fallback and "cannot build the graph of its run: dag version" in by_task[t].reason
                for t in ("train", "etl1", "etl2"))
     assert "ignored: task 'etl1': executor_config drl.cpus" in by_task["etl1"].reason
+    # the policy waits on a; past max_wait_s the fallback places it, the reason still names the hint
+    ex.drl_config = dataclasses.replace(ex.drl_config, max_wait_s=0.0)
+    ex._client = FakeClient(_reply({"b": "cpu-small"}))  # type: ignore[assignment]
+    again = _workload("a")
+    again.ti.dag_version_id = good
+    records, _ = ex._place([again])
+    (late,) = [r for _, r in records]
+    assert late.fallback and "for a better pool" in late.reason and "ignored: task 'a': pinned pool" in late.reason
 
 
 def test_an_unexpected_error_while_placing_falls_back_instead_of_stopping_the_scheduler(
