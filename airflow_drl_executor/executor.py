@@ -63,6 +63,7 @@ class DRLExecutor(CeleryExecutor):
             default_queue=self.default_queue,
             default_duration_s=self.drl_config.default_duration_s,
             history_ttl_s=self.drl_config.history_ttl_s,
+            vm_classes={p.name: p.vm_class for p in self.catalogue.pools},
         )
         self._client: PlacementClient | None = None
         self._pool_watch: PoolWatch | None = None

@@ -66,9 +66,9 @@ def export_runs(session: Session, catalogue: Catalogue, *, since: dt.datetime, u
         r = dict(row._mapping)
         if r["dag_id"] not in excluded:
             by_run[(r["dag_id"], r["run_id"])].append(r)
-    builder = GraphBuilder(pool_names=catalogue.names, default_queue="default", default_duration_s=60.0,
-                           history_ttl_s=0)
     vms = {p.name: p.vm_class for p in catalogue.pools}
+    builder = GraphBuilder(pool_names=catalogue.names, default_queue="default", default_duration_s=60.0,
+                           history_ttl_s=0, vm_classes=vms)
     graphs: list[tuple[dt.datetime, RunGraph]] = []
     for (dag_id, run_id), rows in by_run.items():
         try:
@@ -106,7 +106,7 @@ def _graph(run_key: str, rows: Sequence[dict[str, Any]], builder: GraphBuilder, 
                                    pool_names=builder.pool_names, default_queue=builder.default_queue)
         if observed[task_id]:
             node = replace(node, duration_s=max(
-                s * vms[pool].speed * vms[pool].affinity.get(node.kind, 1.0) for pool, s in observed[task_id]))
+                s * vms[pool].speed_for(node.kind) for pool, s in observed[task_id]))
         nodes.append(node)
     return RunGraph(run_key=run_key, tasks=tuple(nodes), edges=structure.edges)
 

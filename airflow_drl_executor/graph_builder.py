@@ -2,8 +2,9 @@
 
 Runs in the scheduler process, on the scheduler's metadata database: the DAG structure comes from
 the serialized DAG of each task instance's ``dag_version_id`` (cached per version), expected
-durations from the successful task instances of the DAG's latest ``HISTORY_RUNS`` runs (cached per
-DAG for ``history_ttl_s``), hints from the task's ``executor_config={"drl": {...}}``, and progress
+durations from the successful task instances of the DAG's latest ``HISTORY_RUNS`` runs, brought back
+to speed 1 by the speed of the pool each ran on (cached per DAG for ``history_ttl_s``; a task with
+history takes it over its ``duration_s`` hint), hints from the task's ``executor_config={"drl": {...}}``, and progress
 from the run's task instance states. Mapped task instances of one task share one graph node (and one placement).
 
 Task hints (all optional)::
@@ -20,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from policy.catalogue import VMClass
 from policy.errors import PolicyError, SchemaError
 from policy.graph import view
 from policy.lru import LRU
@@ -127,13 +129,15 @@ class GraphBuilder:
     """Builds :class:`RunGraph`, :class:`RunProgress` and :class:`ReadyTask` for ready instances."""
 
     def __init__(self, *, pool_names: Sequence[str], default_queue: str, default_duration_s: float,
-                 history_ttl_s: float) -> None:
+                 history_ttl_s: float, vm_classes: Mapping[str, VMClass] | None = None) -> None:
         self.pool_names = tuple(pool_names)
+        #: each pool's VM class: observed durations are divided back to speed 1 by its speed
+        self.vm_classes = dict(vm_classes or {})
         self.default_queue = default_queue
         self.default_duration_s = default_duration_s
         self.history_ttl_s = history_ttl_s
         self._structures: LRU[str, _Structure] = LRU(MAX_VERSIONS)
-        self._history: LRU[str, tuple[float, dict[str, float]]] = LRU(MAX_VERSIONS)
+        self._history: LRU[str, tuple[float, dict[str, list[tuple[str, float, int]]]]] = LRU(MAX_VERSIONS)
         #: (run key, dag version) -> (built at, graph, ignored hints), oldest first
         self._graphs: dict[tuple[str, str], tuple[float, RunGraph, Mapping[str, str]]] = {}
         self._cached_nodes = 0
@@ -191,9 +195,10 @@ class GraphBuilder:
         nodes, problems = [], {}
         for tid, hints, queue, weight in zip(structure.task_ids, structure.hints, structure.queues,
                                              structure.weights, strict=True):
-            node, wrong = lenient_node(tid, hints, queue, weight,
-                                       duration_s=durations.get(tid, self.default_duration_s),
+            node, wrong = lenient_node(tid, hints, queue, weight, duration_s=self.default_duration_s,
                                        pool_names=self.pool_names, default_queue=self.default_queue)
+            if tid in durations:  # what it took replaces what it declared
+                node = replace(node, duration_s=self.at_speed_one(durations[tid], node.kind))
             nodes.append(node)
             if wrong:
                 problems[tid] = "; ".join(wrong)
@@ -232,7 +237,18 @@ class GraphBuilder:
         )
         return self._structures.put(version_id, structure)
 
-    def _durations(self, dag_id: str, session: Session) -> dict[str, float]:
+    def at_speed_one(self, observed: Sequence[tuple[str, float, int]], kind: str) -> float:
+        """The mean duration at speed 1 of ``observed`` ``(pool, mean seconds, count)`` groups: each
+        pool's seconds times its VM class's speed for ``kind`` (1 for a queue not in the
+        catalogue), weighted by count. What the policy and the simulator take as ``duration_s``."""
+        total = sum(n for _, _, n in observed)
+        seconds = sum(mean * n * (self.vm_classes[pool].speed_for(kind) if pool in self.vm_classes else 1.0)
+                      for pool, mean, n in observed)
+        return max(seconds / max(total, 1), 0.001)
+
+    def _durations(self, dag_id: str, session: Session) -> dict[str, list[tuple[str, float, int]]]:
+        """Per task, ``(queue, mean seconds, count)`` of its successful tries in the DAG's latest
+        ``HISTORY_RUNS`` runs."""
         now = time.monotonic()
         hit = self._history.get(dag_id)
         if hit is not None and now - hit[0] < self.history_ttl_s:
@@ -248,12 +264,15 @@ class GraphBuilder:
             select(DagRun.run_id).where(DagRun.dag_id == dag_id).order_by(DagRun.id.desc()).limit(HISTORY_RUNS)
         ).scalars().all()
         rows = session.execute(
-            select(TaskInstance.task_id, func.avg(TaskInstance.duration))
+            select(TaskInstance.task_id, TaskInstance.queue, func.avg(TaskInstance.duration), func.count())
             .where(TaskInstance.dag_id == dag_id, TaskInstance.run_id.in_(list(recent)),
                    TaskInstance.state == "success", TaskInstance.duration.is_not(None))
-            .group_by(TaskInstance.task_id)
+            .group_by(TaskInstance.task_id, TaskInstance.queue)
         ).all() if recent else []
-        durations = {task_id: max(float(avg), 0.001) for task_id, avg in rows if avg is not None}
+        durations: dict[str, list[tuple[str, float, int]]] = {}
+        for task_id, queue, mean, n in rows:
+            if mean is not None:
+                durations.setdefault(task_id, []).append((str(queue), float(mean), int(n)))
         self._history.put(dag_id, (now, durations))
         return durations
 

@@ -44,6 +44,10 @@ class VMClass:
     price_per_hour: float = 0.0
     affinity: Mapping[str, float] = field(default_factory=dict)
 
+    def speed_for(self, kind: str) -> float:
+        """Effective speed for a task of type ``kind`` (as :meth:`PoolState.speed_for`)."""
+        return self.speed * self.affinity.get(kind, 1.0)
+
 
 @dataclass(frozen=True)
 class PoolSpec:

@@ -73,19 +73,44 @@ def test_durations_are_the_mean_of_the_dags_latest_runs_only() -> None:
     engine = create_engine("sqlite://")
     with engine.begin() as conn:
         conn.execute(text("CREATE TABLE dag_run (id INTEGER PRIMARY KEY, dag_id TEXT, run_id TEXT)"))
-        conn.execute(text("CREATE TABLE task_instance (dag_id TEXT, run_id TEXT, task_id TEXT, state TEXT, "
-                          "duration FLOAT)"))
+        conn.execute(text("CREATE TABLE task_instance (dag_id TEXT, run_id TEXT, task_id TEXT, queue TEXT, "
+                          "state TEXT, duration FLOAT)"))
         for i in range(100):  # 80 old runs at 100 s, then HISTORY_RUNS at 10 s; another DAG at 1 s
             conn.execute(text("INSERT INTO dag_run (dag_id, run_id) VALUES ('etl', :r), ('other', :r)"),
                          {"r": f"r{i}"})
             seconds = 10.0 if i >= 100 - HISTORY_RUNS else 100.0
-            conn.execute(text("INSERT INTO task_instance VALUES ('etl', :r, 't', 'success', :s), "
-                              "('etl', :r, 'u', 'failed', 500), ('other', :r, 't', 'success', 1)"),
+            conn.execute(text("INSERT INTO task_instance VALUES ('etl', :r, 't', 'cpu-large', 'success', :s), "
+                              "('etl', :r, 'u', 'gpu', 'failed', 500), ('other', :r, 't', 'gpu', 'success', 1)"),
                          {"r": f"r{i}", "s": seconds})
     gb = GraphBuilder(pool_names=POOLS, default_queue="default", default_duration_s=60, history_ttl_s=300)
     with Session(engine) as session:
-        assert gb._durations("etl", session) == {"t": 10.0}
+        assert gb._durations("etl", session) == {"t": [("cpu-large", 10.0, HISTORY_RUNS)]}
         assert gb._durations("never-ran", session) == {}
+
+
+def test_observed_durations_are_brought_back_to_speed_one_and_replace_the_hint(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """was: the raw wall time of whichever pool ran it, taken as seconds at speed 1 (a GPU task
+    that took 2 s on the gpu pool, speed 1.5 x affinity 8, looked like 2 s on a speed-1 CPU), and
+    a declared duration_s hint outranked what was observed"""
+    from airflow_drl_executor.config import packaged_catalogue
+    from airflow_drl_executor.graph_builder import GraphBuilder, ReadyInstance, _Structure
+    from policy.catalogue import load_catalogue
+
+    catalogue = load_catalogue(packaged_catalogue())
+    gb = GraphBuilder(pool_names=catalogue.names, default_queue="default", default_duration_s=60, history_ttl_s=300,
+                      vm_classes={p.name: p.vm_class for p in catalogue.pools})
+    structure = _Structure(task_ids=("etl", "new", "train"), edges=(), queues=("default",) * 3, weights=(1.0,) * 3,
+                           hints=({"duration_s": 500}, {"duration_s": 500}, {"kind": "gpu_train"}))
+    history = {"train": [("gpu", 2.0, 3), ("cpu-small", 24.0, 1)], "etl": [("cpu-large", 10.0, 1), ("default", 5.0, 1)]}
+    monkeypatch.setattr(gb, "structure", lambda vid, session: structure)
+    monkeypatch.setattr(gb, "_durations", lambda dag_id, session: history)
+    monkeypatch.setattr(gb, "_progress", lambda runs, session: [])
+    graph = gb.build([ReadyInstance("d", "r", "etl", 1, "v")], None).graphs["d/r"]  # type: ignore[arg-type]
+    nodes = {t.task_id: t for t in graph.tasks}
+    assert nodes["train"].duration_s == pytest.approx((3 * 2.0 * 1.5 * 8 + 24.0) / 4)
+    assert nodes["etl"].duration_s == pytest.approx((10.0 * 2 + 5.0) / 2), "a queue not in the catalogue: speed 1"
+    assert nodes["new"].duration_s == 500.0, "no history yet: the hint"
 
 
 def test_the_graph_cache_is_bounded_in_nodes_and_keeps_the_batchs_runs(monkeypatch: pytest.MonkeyPatch) -> None:
