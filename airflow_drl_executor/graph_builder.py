@@ -16,6 +16,7 @@ Task hints (all optional)::
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -88,8 +89,9 @@ def lenient_node(task_id: str, hints: Mapping[str, Any], queue: str, weight: flo
     for key in _HINTS:
         if key in hints:
             value = hints[key]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                problems.append(f"task {task_id!r}: executor_config drl.{key} must be a number >= 0, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                problems.append(f"task {task_id!r}: executor_config drl.{key} must be a finite number >= 0, "
+                                f"got {value!r}")
             else:
                 values[key] = float(value)
     kind = hints.get("kind", "default")

@@ -27,6 +27,8 @@ def test_a_queue_naming_one_of_our_pools_is_a_pin() -> None:
 
 @pytest.mark.parametrize(("hints", "message"), [
     ({"cpus": -1}, "drl.cpus"), ({"duration_s": "long"}, "drl.duration_s"), ({"kind": 3}, "drl.kind"),
+    # not JSON: the request carrying it would be refused, and the whole batch fall back
+    ({"duration_s": float("inf")}, "drl.duration_s"), ({"gpus": float("nan")}, "drl.gpus"),
     ({"pool": "nowhere"}, "pinned pool 'nowhere'"),
 ])
 def test_bad_hints_name_the_task_and_field(hints: dict, message: str) -> None:
