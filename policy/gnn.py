@@ -70,7 +70,7 @@ import torch
 from torch import Tensor
 
 from policy import step_kernel as step_kernel_mod
-from policy.batch_decoder import compiled_steps, decode_greedy, row_evidence, softmax_rows, upload
+from policy.batch_decoder import NotBatched, compiled_steps, decode_greedy, row_evidence, softmax_rows, upload
 from policy.checkpoint import Checkpoint, load_checkpoint
 from policy.config import STEP_KERNELS
 from policy.errors import ModelOutputError
@@ -433,13 +433,15 @@ class GNNPlacer:
         union), the pools and task parts of all requests in one more, and the greedy steps of all
         requests together (:mod:`policy.batch_decoder`). The decisions are those of :meth:`place`
         for each request. A lone request (or ``temperature > 0``, whose samples follow
-        :meth:`place`'s generator) takes the one-request path, which is faster for one.
+        :meth:`place`'s generator) takes the one-request path, which is faster for one. An
+        ensemble is batched too on the compiled steps (its members' parts side by side, read by
+        the stacked weights, as the one-request path reads them), else request by request.
         """
         if len(requests) != len(graphs):
             raise ValueError(f"place_many: {len(requests)} requests but {len(graphs)} graph maps")
         fbs = [self.features(r, g) for r, g in zip(requests, graphs, strict=True)]
         batched = [i for i, fb in enumerate(fbs) if fb.num_ready and fb.num_pools]
-        if self.temperature > 0 or len(batched) < 2 or self.members:
+        if self.temperature > 0 or len(batched) < 2 or (self.members and self.step_kernel != "compiled"):
             return [self._decisions(dec, dec.placed_order)
                     for dec in (self._decode_features(fb, self.temperature) for fb in fbs)]
         out: list[list[Decision]] = [[] for _ in fbs]
@@ -449,10 +451,16 @@ class GNNPlacer:
                 out[i] = self._decisions(dec, dec.placed_order)
         group = [fbs[i] for i in batched]
         h_table, s_table, node_idx, run_idx = self._embeddings_many(group)
-        decided = decode_greedy(self.model, group, h_table, s_table, node_idx, run_idx,
-                                allow_wait=self.allow_wait, hold_ratio=self.hold_ratio, reserve_busy=self.reserve_busy,
-                                premium_ratio=self.premium_ratio, backend=self.batch_backend,
-                                weights=self._weights if self.step_kernel == "compiled" else None)
+        members = [(m.model, *m._embeddings_many(group)[:2]) for m in self.members]
+        try:
+            decided = decode_greedy(self.model, group, h_table, s_table, node_idx, run_idx, members=members,
+                                    allow_wait=self.allow_wait, hold_ratio=self.hold_ratio,
+                                    reserve_busy=self.reserve_busy, premium_ratio=self.premium_ratio,
+                                    backend=self.batch_backend,
+                                    weights=self._weights if self.step_kernel == "compiled" else None)
+        except NotBatched:
+            return [self._decisions(dec, dec.placed_order)
+                    for dec in (self._decode_features(fb, self.temperature) for fb in fbs)]
         for i, fb, d in zip(batched, group, decided, strict=True):
             fb.pair_x, fb.mask = d.pair_x, d.mask
             out[i] = self._decisions(Decoded(fb, d.actions, [], 0.0, d.probs, d.contrib), d.order)

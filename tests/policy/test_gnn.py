@@ -628,3 +628,9 @@ def test_an_ensemble_decides_on_its_members_mean_logits(reserve_busy: bool, kern
     assert differs
     single = [no_stop.place(r, g) for r, g in items]
     _same(no_stop.place_many([r for r, _ in items], [g for _, g in items]), single)
+    # with stop, every request batched (compiled steps: the members' parts side by side), twice
+    # (the second time the members' run embeddings come from their caches)
+    pair, fresh = ens(a, b), ens(a, b)
+    single = [fresh.place(r, g) for r, g in items]
+    _same(pair.place_many([r for r, _ in items], [g for _, g in items]), single)
+    _same(pair.place_many([r for r, _ in items][::-1], [g for _, g in items][::-1]), single[::-1])
