@@ -9,12 +9,13 @@ OUT=${2:-runs/ensemble-batch-ab}
 set -eo pipefail
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-git archive "$OLD" policy | tar -x -C "$TMP"
+mkdir -p "$TMP/src" "$TMP/run"  # run from an empty folder: the server is started with python -m
+git archive "$OLD" policy | tar -x -C "$TMP/src"
 .venv/bin/python -c "from policy.registry import activate; activate('$TMP/reg', '$PWD/policy/checkpoints/default')"
 mkdir -p "$OUT"
 for i in 1 2; do for v in new old; do
-  if [ $v = old ]; then export PYTHONPATH=$TMP; else unset PYTHONPATH; fi
-  (cd "$TMP" && "$OLDPWD/.venv/bin/drl-policy" --log-level WARNING bench --placer gnn --registry "$TMP/reg" --device cpu \
+  if [ $v = old ]; then export PYTHONPATH=$TMP/src; else unset PYTHONPATH; fi
+  (cd "$TMP/run" && "$OLDPWD/.venv/bin/drl-policy" --log-level WARNING bench --placer gnn --registry "$TMP/reg" --device cpu \
       --soak 40 --rate 1000 --dag-sizes 200 --ready 16 --clients 8 --new-run-every 20 --out "$OLDPWD/$OUT/$v-$i.json" \
       > /dev/null)
   .venv/bin/python -c "import json; s = json.load(open('$OUT/$v-$i.json'))['soak']; print('$v $i', s['achieved_rate'], \
