@@ -6,12 +6,18 @@ Airflow's own user dependency (the session cookie of a logged-in user, or a bear
 shows only the placements of the DAGs the auth manager lets that user read
 (``get_authorized_dag_ids``), to a user who may read task instances, as Airflow's own
 task-instance list does.
+
+The page filters by DAG, run, task, pool and who placed the task (the policy or the fallback
+heuristic), and pages back through every placement kept (``before``: the id of the last row
+shown), so a placement of any age is one query away, not only the latest ``limit``.
 """
 
 from __future__ import annotations
 
 import html
+from collections import Counter
 from typing import Any
+from urllib.parse import urlencode
 
 from airflow.api_fastapi.app import get_auth_manager
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
@@ -28,7 +34,7 @@ URL_PREFIX = "/drl"
 _upgraded = False
 
 
-def _rows(limit: int, dag_ids: set[str]) -> list[dict[str, Any]]:
+def _rows(limit: int, dag_ids: set[str], where: traces.PlacementFilter) -> list[dict[str, Any]]:
     from airflow.utils.session import create_session
     from sqlalchemy import inspect
 
@@ -40,7 +46,7 @@ def _rows(limit: int, dag_ids: set[str]) -> list[dict[str, Any]]:
         if not _upgraded:  # a table of an earlier release, before this release's executor wrote to it
             traces.ensure_schema(conn.engine)
             _upgraded = True
-        return [dict(r._mapping) for r in conn.execute(traces.outcomes_query(limit, dag_ids))]
+        return [dict(r._mapping) for r in conn.execute(traces.outcomes_query(limit, dag_ids, where))]
 
 
 def _cell(value: Any) -> str:
@@ -55,6 +61,49 @@ def _cell(value: Any) -> str:
 
 COLUMNS = ("dag_id", "run_id", "task_id", "try_number", "pool", "vm_class", "fallback", "policy_version",
            "decision_ms", "state", "hostname", "start_date", "end_date", "reason")
+FILTERS = ("dag_id", "run_id", "task_id", "pool")
+
+
+def _text(value: str | None) -> str | None:
+    """A filter field as a form sends it: an empty field filters nothing."""
+    return value.strip() or None if value is not None else None
+
+
+def placement_filter(dag_id: str | None = Query(None, max_length=250),
+                     run_id: str | None = Query(None, max_length=250),
+                     task_id: str | None = Query(None, max_length=250),
+                     pool: str | None = Query(None, max_length=250),
+                     fallback: str | None = Query(None, pattern="^(|yes|no)$",
+                                                  description="yes: the fallback's placements only; no: the policy's"),
+                     before: int | None = Query(None, ge=1, description="page back: placements older than this id"),
+                     ) -> traces.PlacementFilter:
+    """The page's query string as a :class:`traces.PlacementFilter`."""
+    return traces.PlacementFilter(dag_id=_text(dag_id), run_id=_text(run_id), task_id=_text(task_id),
+                                  pool=_text(pool), fallback={"yes": True, "no": False}.get(fallback or ""),
+                                  before_id=before)
+
+
+def _form(where: traces.PlacementFilter, limit: int) -> str:
+    fields = "".join(
+        f"<label>{name} <input name='{name}' value='{_cell(getattr(where, name))}' size='14'></label> "
+        for name in FILTERS)
+    chosen = {None: "", True: "yes", False: "no"}[where.fallback]
+    options = "".join(f"<option value='{v}'{' selected' if v == chosen else ''}>{label}</option>"
+                      for v, label in (("", "any"), ("yes", "fallback only"), ("no", "policy only")))
+    return (f"<form id='filters' method='get'>{fields}<label>placed by <select name='fallback'>{options}"
+            f"</select></label> <input type='hidden' name='limit' value='{limit}'>"
+            "<button type='submit'>filter</button> <a href='?'>clear</a></form>")
+
+
+def _older(where: traces.PlacementFilter, limit: int, rows: list[dict[str, Any]]) -> str:
+    """The link to the next page back: the same filters, before the last row shown."""
+    if len(rows) < limit:
+        return ""
+    query = {name: getattr(where, name) for name in FILTERS if getattr(where, name) is not None}
+    if where.fallback is not None:
+        query["fallback"] = "yes" if where.fallback else "no"
+    query.update(limit=str(limit), before=str(rows[-1]["id"]))
+    return f"<p><a id='older' href='?{html.escape(urlencode(query))}'>older placements</a></p>"
 
 
 def create_app() -> FastAPI:
@@ -72,13 +121,17 @@ def create_app() -> FastAPI:
 
     @app.get("/api/placements")
     def placements_json(dag_ids: set[str] = Depends(readable),
+                        where: traces.PlacementFilter = Depends(placement_filter),
                         limit: int = Query(200, ge=1, le=5000)) -> list[dict[str, Any]]:
-        """Latest placements joined with their outcome, as JSON."""
-        return _rows(limit, dag_ids)
+        """Latest placements joined with their outcome, as JSON; the filters as on the page, and
+        ``before`` (the last row's ``id``) for the next page back."""
+        return _rows(limit, dag_ids, where)
 
     @app.get("/", response_class=HTMLResponse)
-    def placements_page(dag_ids: set[str] = Depends(readable), limit: int = Query(200, ge=1, le=5000)) -> str:
-        rows = _rows(limit, dag_ids)
+    def placements_page(dag_ids: set[str] = Depends(readable),
+                        where: traces.PlacementFilter = Depends(placement_filter),
+                        limit: int = Query(200, ge=1, le=5000)) -> str:
+        rows = _rows(limit, dag_ids, where)
         head = "".join(f"<th>{c}</th>" for c in COLUMNS)
         body = "".join(
             "<tr class='{}'>".format("fallback" if r.get("fallback") else "policy")
@@ -86,14 +139,18 @@ def create_app() -> FastAPI:
             for r in rows
         )
         fallbacks = sum(1 for r in rows if r.get("fallback"))
+        per_pool = Counter(str(r.get("pool")) for r in rows)
+        pools = ", ".join(f"{_cell(pool)} {n}" for pool, n in sorted(per_pool.items()))
         return f"""<!doctype html><html><head><meta charset="utf-8"><title>DRL placements</title>
 <style>body{{font-family:sans-serif;margin:1em}} table{{border-collapse:collapse;font-size:13px}}
 td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}} tr.fallback{{background:#fff3cd}}
-th{{background:#eef}}</style></head><body>
+th{{background:#eef}} form{{margin:0 0 .8em}}</style></head><body>
 <h2>DRLExecutor placements</h2>
+{_form(where, limit)}
 <p id="summary">{len(rows)} placements shown, {fallbacks} by the fallback heuristic
-(highlighted). Reason = the policy's evidence for its choice.</p>
-<table id="placements"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></body></html>"""
+(highlighted){f"; by pool: {pools}" if pools else ""}. Reason = the policy's evidence for its choice.</p>
+<table id="placements"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>
+{_older(where, limit, rows)}</body></html>"""
 
     return app
 

@@ -21,6 +21,7 @@ from sqlalchemy import (
     Column,
     DateTime,
     Float,
+    Index,
     Integer,
     MetaData,
     String,
@@ -64,6 +65,8 @@ placements = Table(
     Column("celery_id", String(64), nullable=True),
     Column("features", Text, nullable=False),
     Column("decided_at", DateTime(timezone=True), nullable=False, index=True),
+    # the placements page's filters: one DAG's or one run's placements, latest first
+    Index("ix_drl_placement_dag_run", "dag_id", "run_id"),
 )
 
 
@@ -158,17 +161,47 @@ def prune(engine: Engine, before: dt.datetime, *, batch: int = 10_000) -> int:
         deleted += len(ids)
 
 
-def outcomes_query(limit: int = 500, dag_ids: Collection[str] | None = None) -> Any:
+@dataclass(frozen=True)
+class PlacementFilter:
+    """Which placements to show: each field set narrows the rows to those equal to it (``None``:
+    any). ``before_id`` pages back: only rows older than that placement (ids grow with time)."""
+
+    dag_id: str | None = None
+    run_id: str | None = None
+    task_id: str | None = None
+    pool: str | None = None
+    #: True: only the fallback heuristic's placements; False: only the policy's
+    fallback: bool | None = None
+    before_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.before_id is not None and self.before_id < 1:
+            raise ValueError(f"before_id must be a placement id >= 1, got {self.before_id!r}")
+
+
+def outcomes_query(limit: int = 500, dag_ids: Collection[str] | None = None,
+                   where: PlacementFilter = PlacementFilter()) -> Any:
     """Placements joined with what happened: latest first (works on PostgreSQL and SQLite); with
-    ``dag_ids``, only those DAGs' placements."""
-    if dag_ids is None:
-        return text(_OUTCOMES.format(where="")).bindparams(limit=limit)
-    return text(_OUTCOMES.format(where="WHERE p.dag_id IN :dag_ids")).bindparams(
-        bindparam("dag_ids", value=sorted(dag_ids), expanding=True), limit=limit)
+    ``dag_ids``, only those DAGs' placements; ``where`` narrows them further."""
+    clauses: list[str] = []
+    params: list[Any] = []
+    if dag_ids is not None:
+        clauses.append("p.dag_id IN :dag_ids")
+        params.append(bindparam("dag_ids", value=sorted(dag_ids), expanding=True))
+    for name in ("dag_id", "run_id", "task_id", "pool", "fallback"):
+        value = getattr(where, name)
+        if value is not None:  # the column names are ours, the values bound
+            clauses.append(f"p.{name} = :f_{name}")
+            params.append(bindparam(f"f_{name}", value=value, type_=placements.c[name].type))
+    if where.before_id is not None:
+        clauses.append("p.id < :before_id")
+        params.append(bindparam("before_id", value=where.before_id))
+    sql = _OUTCOMES.format(where=f"WHERE {' AND '.join(clauses)}" if clauses else "")
+    return text(sql).bindparams(*params, limit=limit)
 
 
 _OUTCOMES = """
-        SELECT p.dag_id, p.run_id, p.task_id, p.map_index, p.try_number, p.pool, p.vm_class,
+        SELECT p.id, p.dag_id, p.run_id, p.task_id, p.map_index, p.try_number, p.pool, p.vm_class,
                p.score, p.reason, p.fallback, p.policy, p.policy_version, p.decision_ms, p.waited_s,
                p.celery_id, p.decided_at,
                COALESCE(h.start_date, t.start_date) AS start_date,

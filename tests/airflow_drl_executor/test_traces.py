@@ -99,12 +99,50 @@ def test_prune_deletes_only_what_is_older_than_the_cutoff_in_batches(engine: Eng
     assert traces.prune(engine, t0 + dt.timedelta(days=20)) == 0
 
 
-def test_an_earlier_table_gets_the_decided_at_index(engine: Engine) -> None:
+@pytest.mark.parametrize("columns", [["decided_at"], ["dag_id", "run_id"]])
+def test_an_earlier_table_gets_the_indexes_added_since(engine: Engine, columns: list[str]) -> None:
     old = legacy_table()
     for index in list(old.indexes):
-        if index.columns.keys() == ["decided_at"]:
+        if index.columns.keys() == columns:
             old.indexes.discard(index)
     old.create(engine)
-    traces.ensure_schema(engine)
     from sqlalchemy import inspect
-    assert any(i["column_names"] == ["decided_at"] for i in inspect(engine).get_indexes("drl_placement"))
+    assert not any(i["column_names"] == columns for i in inspect(engine).get_indexes("drl_placement"))
+    traces.ensure_schema(engine)
+    assert any(i["column_names"] == columns for i in inspect(engine).get_indexes("drl_placement"))
+
+
+def test_placements_are_filtered_and_paged_back_to_the_first(engine: Engine) -> None:
+    traces.ensure_schema(engine)
+    recs = [_record(uuid.uuid4(), dag_id=f"d{i % 2}", run_id=f"r{i % 3}", task_id=f"t{i}",
+                    pool="gpu" if i % 4 == 0 else "cpu-small", fallback=i % 5 == 0) for i in range(30)]
+    with engine.begin() as conn:
+        traces.write(conn, recs)
+
+        def tasks(limit: int = 100, dag_ids: set[str] | None = None, **where: object) -> list[str]:
+            query = traces.outcomes_query(limit, dag_ids, traces.PlacementFilter(**where))  # type: ignore[arg-type]
+            return [r.task_id for r in conn.execute(query)]
+
+        def expect(keep: object) -> list[str]:
+            return [f"t{i}" for i in range(29, -1, -1) if keep(i)]  # type: ignore[operator]
+
+        assert tasks(dag_id="d1") == expect(lambda i: i % 2 == 1)
+        assert tasks(dag_id="d1", run_id="r0") == expect(lambda i: i % 2 == 1 and i % 3 == 0)
+        assert tasks(task_id="t7") == ["t7"]
+        assert tasks(pool="gpu") == expect(lambda i: i % 4 == 0)
+        assert tasks(fallback=True) == expect(lambda i: i % 5 == 0)
+        assert tasks(fallback=False, pool="gpu") == expect(lambda i: i % 4 == 0 and i % 5 != 0)
+        assert tasks(dag_ids={"d0"}, dag_id="d1") == [], "a filter never widens what the user may read"
+        assert tasks(dag_ids={"d0"}, pool="gpu") == expect(lambda i: i % 4 == 0)
+        # paging back by the last id shown visits every row once, newest first
+        seen: list[str] = []
+        before = None
+        while True:
+            page = list(conn.execute(traces.outcomes_query(7, {"d0", "d1"}, traces.PlacementFilter(before_id=before))))
+            seen += [r.task_id for r in page]
+            if len(page) < 7:
+                break
+            before = page[-1].id
+        assert seen == expect(lambda i: True)
+    with pytest.raises(ValueError, match="before_id must be a placement id >= 1, got 0"):
+        traces.PlacementFilter(before_id=0)

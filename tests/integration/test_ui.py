@@ -59,6 +59,19 @@ def test_placements_page_shows_each_placement_and_why(stack: Stack, api: Api, br
     assert any(" over " in r and "p=" in r.split(" over ")[1] and ": " in r.split(" over ")[1] for r in ours), ours
     browser.save_screenshot(str(stack.state / "ui-placements.png"))
 
+    # the form narrows the page to this run, and to one pool of it
+    form = browser.find_element(By.ID, "filters")
+    form.find_element(By.NAME, "run_id").send_keys(run_id)
+    form.find_element(By.NAME, "pool").send_keys("gpu")
+    form.submit()
+    WebDriverWait(browser, 30).until(expected_conditions.url_contains("pool=gpu"))
+    shown = [r.text for r in browser.find_elements(By.CSS_SELECTOR, "#placements tbody tr")]
+    on_gpu = [r for r in ours if r.split()[4] == "gpu"]  # dag_id run_id task_id try_number pool ...
+    assert sorted(shown) == sorted(on_gpu) and train in shown, (shown, on_gpu)
+    summary = browser.find_element(By.ID, "summary").text
+    assert f"{len(on_gpu)} placements shown" in summary and f"by pool: gpu {len(on_gpu)}" in summary, summary
+    assert browser.find_element(By.NAME, "run_id").get_attribute("value") == run_id, "the form keeps its filters"
+
     views = api.call("GET", "/api/v2/plugins")["plugins"]
     ours_plugin = next(p for p in views if p["name"] == "drl_executor")
     assert ours_plugin["external_views"][0]["href"] == "/drl/"
