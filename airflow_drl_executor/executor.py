@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -36,12 +35,13 @@ from airflow_drl_executor import traces
 from airflow_drl_executor.client import PlacementClient, PlacementUnavailable
 from airflow_drl_executor.config import ExecutorConfig
 from airflow_drl_executor.graph_builder import GraphBuilder, ReadyInstance, drl_hints, lenient_node
+from airflow_drl_executor.ledger import Ledger
 from airflow_drl_executor.liveness import PoolWatch, celery_inspector
 from policy.catalogue import Catalogue, load_catalogue
 from policy.errors import PolicyError
 from policy.graph import view
 from policy.placement import EarliestFinishPlacer
-from policy.schema import MAX_FREE_AT, Decision, PlacementRequest, PoolState, ReadyTask, RunGraph, RunProgress, TaskNode
+from policy.schema import Decision, PlacementRequest, PoolState, ReadyTask, RunGraph, RunProgress, TaskNode
 
 if TYPE_CHECKING:
     from airflow.executors import workloads
@@ -67,13 +67,14 @@ class DRLExecutor(CeleryExecutor):
         )
         self._client: PlacementClient | None = None
         self._pool_watch: PoolWatch | None = None
-        self._pool_of: dict[Any, str] = {}
-        #: the ledger the list-scheduling baselines keep: expected finish (epoch s) of each task sent
-        self._finish_at: dict[Any, float] = {}
+        #: what this executor sent to each pool, in order, with each task's expected run time
+        self.ledger = Ledger()
         self._held_since: dict[Any, float] = {}
         self._open_slots: int | None = None  # of the heartbeat being processed
-        #: task instances running on each pool per the metadata DB (every scheduler's), last read
-        self._running_in_db: dict[str, int] = {}
+        #: task instances running on each pool per the metadata DB (every scheduler's), and the
+        #: start (epoch s) of those of this executor's tasks in flight that run, as last read
+        self._running_in_db: dict[str, int] | None = None
+        self._started: dict[str, float] | None = None
         self._traces_ready = False
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -114,8 +115,7 @@ class DRLExecutor(CeleryExecutor):
     def change_state(self, key: Any, state: Any, info: Any = None, remove_running: bool = True) -> None:
         super().change_state(key, state, info, remove_running=remove_running)
         if key not in self.running:
-            self._pool_of.pop(key, None)
-            self._finish_at.pop(key, None)
+            self.ledger.drop(key)
 
     def try_adopt_task_instances(self, tis: Sequence[Any]) -> Sequence[Any]:
         """Celery's adoption, less the queued task instances this executor never sent (held for a
@@ -132,8 +132,8 @@ class DRLExecutor(CeleryExecutor):
         for ti in keep:
             key = self._ti_key(ti)
             if key in self.running and ti.queue in self.catalogue.names:
-                self._pool_of[key] = ti.queue
-                self._finish_at[key] = now + self.drl_config.default_duration_s
+                speed = self.catalogue.pool(ti.queue).vm_class.speed
+                self.ledger.add(key, ti.queue, str(ti.id), self.drl_config.default_duration_s / max(speed, 1e-3), now)
         return not_adopted + [ti for ti in tis if id(ti) in never_sent]
 
     def _never_sent(self, tis: Sequence[Any]) -> set[int]:
@@ -191,8 +191,7 @@ class DRLExecutor(CeleryExecutor):
         sent = [(key, rec) for key, rec in records if key in self.running]
         for key, _ in records:
             if key not in self.running:
-                self._pool_of.pop(key, None)
-                self._finish_at.pop(key, None)
+                self.ledger.drop(key)
         if sent and self.drl_config.record_traces:
             self._record(sent)
 
@@ -221,40 +220,33 @@ class DRLExecutor(CeleryExecutor):
         return self.get_task_key(ti) if self.supports_task_instance_uuid else ti.key
 
     def pool_states(self) -> tuple[PoolState, ...]:
-        """The catalogue's pools with the slots in use on each (this executor's tasks in flight, or
-        the task instances running there per the metadata DB when those are more: other
-        schedulers' tasks), the expected finish times of this executor's tasks (its ledger), and
-        how far each pool may grow; with the pool liveness check on, each pool's live Celery
-        workers (a pool that must have a worker and has none is down; one that may scale to zero
-        is not)."""
-        busy = Counter(pool for key, pool in self._pool_of.items() if key in self.running)
-        for pool, n in self._running_in_db.items():  # with HA schedulers, the others' tasks too
-            busy[pool] = max(busy[pool], n)
-        finish: dict[str, list[float]] = {}
-        for key, pool in self._pool_of.items():
-            if key in self.running and key in self._finish_at:
-                finish.setdefault(pool, []).append(self._finish_at[key])
+        """The catalogue's pools with their load as the policy was trained to read it (see
+        :mod:`airflow_drl_executor.ledger`): ``busy`` the slots running tasks (the task instances
+        running there per the metadata DB, other schedulers' too), ``queued`` the tasks this
+        executor sent that have not started, the expected finish of each, and how far each pool
+        may grow; with the pool liveness check on, each pool's live Celery workers (a pool that
+        must have a worker and has none is down; one that may scale to zero is not)."""
         live = self._pool_watch.live_workers() if self._pool_watch is not None else None
+        now = time.time()
         out = []
         for spec in self.catalogue.pools:
             workers, up = spec.workers, True
             if live is not None:
                 workers = live.get(spec.name, 0)
                 up = workers > 0 or spec.floor == 0
-            st = spec.state(busy=busy.get(spec.name, 0), workers=workers, up=up)
+            st = spec.state(workers=workers, up=up)
+            load = self.ledger.load(
+                spec.name, st.slots, now, alive=self.running, started=self._started,
+                running_there=None if self._running_in_db is None else self._running_in_db.get(spec.name, 0))
             top = (spec.max_workers if spec.max_workers is not None else spec.workers) * spec.slots_per_worker
-            out.append(replace(st, max_slots=top if spec.elastic and top > st.slots else None, boot_s=spec.boot_delay_s,
-                               free_at=tuple(sorted(finish.get(spec.name, ()))[-MAX_FREE_AT:])))
+            out.append(replace(st, busy=load.busy, queued=load.queued, free_at=load.free_at, boot_s=spec.boot_delay_s,
+                               max_slots=top if spec.elastic and top > st.slots else None))
         return tuple(out)
 
-    def _expected_finish(self, pool: PoolState, task: TaskNode | None, now: float) -> float:
-        """The ledger's estimate for a task sent to ``pool`` now: it starts when a slot frees."""
-        run_s = (task.duration_s if task is not None else self.drl_config.default_duration_s) / max(
-            pool.speed_for(task.kind if task is not None else ""), 1e-3)
-        # every task sent there and not yet finished, this batch's earlier ones included
-        ahead = sorted(t for k, t in self._finish_at.items() if self._pool_of.get(k) == pool.name)
-        start = now if len(ahead) < pool.slots or pool.slots <= 0 else max(now, ahead[len(ahead) - pool.slots])
-        return start + run_s
+    def _run_s(self, pool: PoolState, task: TaskNode | None) -> float:
+        """Expected run time of ``task`` on ``pool`` (seconds)."""
+        duration = task.duration_s if task is not None else self.drl_config.default_duration_s
+        return duration / max(pool.speed_for(task.kind if task is not None else ""), 1e-3)
 
     def _with_held(self, ready_tasks: Sequence[ReadyTask], ready: Sequence[ReadyInstance],
                    tasks: Sequence[Any]) -> list[ReadyTask]:
@@ -278,9 +270,7 @@ class DRLExecutor(CeleryExecutor):
 
         started = time.perf_counter()
         request_id = uuid.uuid4().hex
-        if len(self._finish_at) > len(self.running):  # revoked, adopted or lost: not in flight here
-            self._pool_of = {k: p for k, p in self._pool_of.items() if k in self.running}
-            self._finish_at = {k: t for k, t in self._finish_at.items() if k in self.running}
+        self.ledger.keep(self.running)  # revoked, adopted or lost: not in flight here
         ready = [
             ReadyInstance(
                 dag_id=w.ti.dag_id, run_id=w.ti.run_id, task_id=w.ti.task_id,
@@ -299,7 +289,8 @@ class DRLExecutor(CeleryExecutor):
         try:
             with create_session() as session:
                 self._running_in_db = self.graph_builder.running_by_pool(session)
-                batch = self.graph_builder.build(ready, session)
+                self._started = self.graph_builder.started(session, self.ledger.in_flight(self.running))
+                batch = self.graph_builder.build(ready, session, not_sent=self._not_sent())
             pools = self.pool_states()
             graphs, ignored, failed = batch.graphs, batch.ignored, batch.failed
             ready_tasks = self._with_held(batch.ready, ready, tasks)
@@ -359,7 +350,6 @@ class DRLExecutor(CeleryExecutor):
             self._held_since.pop(key, None)
             placed.append(w)
             w.ti.queue = decision.pool
-            self._pool_of[key] = decision.pool
             graph = graphs.get(inst.run_key)
             features: dict[str, Any] = {}
             at = view(graph).index.get(inst.task_id) if graph is not None else None
@@ -369,7 +359,9 @@ class DRLExecutor(CeleryExecutor):
                 features = node.to_json()
             pool_state = next((p for p in pools if p.name == decision.pool), None)
             if pool_state is not None:
-                self._finish_at[key] = self._expected_finish(pool_state, node, time.time())
+                clock = time.time()
+                self.ledger.add(key, decision.pool, str(w.ti.id), self._run_s(pool_state, node),
+                                self.ledger.expected_start(decision.pool, pool_state.slots, clock))
             records.append((key, traces.PlacementRecord(
                 ti_id=str(w.ti.id), dag_id=inst.dag_id, run_id=inst.run_id, task_id=inst.task_id,
                 map_index=int(w.ti.map_index if w.ti.map_index is not None else -1),
@@ -388,6 +380,12 @@ class DRLExecutor(CeleryExecutor):
         if placed:
             self._set_queues(placed)
         return records, held
+
+    def _not_sent(self) -> set[tuple[str, str]]:
+        """(run key, task id) of every task queued to this executor and not sent to Celery (held,
+        or not offered for want of a slot): not running, as in the simulator the policy learnt in."""
+        return {(f"{w.ti.dag_id}/{w.ti.run_id}", w.ti.task_id) for w in self.queued_tasks.values()
+                if getattr(w, "ti", None) is not None}
 
     def _place_alone(self, alone: Sequence[tuple[ReadyInstance, Any, str]], pools: tuple[PoolState, ...]
                      ) -> tuple[dict[tuple[str, str], Decision], dict[tuple[str, str], TaskNode]]:

@@ -15,9 +15,11 @@ Task hints (all optional)::
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import math
 import time
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -144,7 +146,8 @@ class GraphBuilder:
         self._graphs: dict[tuple[str, str], tuple[float, RunGraph, Mapping[str, str]]] = {}
         self._cached_nodes = 0
 
-    def build(self, ready: Sequence[ReadyInstance], session: Session) -> Batch:
+    def build(self, ready: Sequence[ReadyInstance], session: Session,
+              not_sent: Iterable[tuple[str, str]] = ()) -> Batch:
         """The graphs, progress and ready tasks of a batch. A run whose graph cannot be built (no
         serialized DAG for its version) is left out with the reason, not the whole batch."""
         graphs: dict[str, RunGraph] = {}
@@ -174,9 +177,11 @@ class GraphBuilder:
             if key not in tasks:  # mapped instances share one node
                 tasks[key] = ReadyTask(run_key=inst.run_key, task_id=inst.task_id, try_number=inst.try_number)
         progress = self._progress({(i.dag_id, i.run_id) for i in ready}, session)
-        # The ready tasks are "queued" in the database but not dispatched yet: not running.
+        # The ready tasks, and the others queued to the executor and not sent to Celery (``not_sent``:
+        # held, or not offered for want of a slot), are "queued" in the database but not
+        # dispatched yet: not running, as in the simulator the policy was trained in.
         waiting: dict[str, set[str]] = {}
-        for run_key, task_id in tasks:
+        for run_key, task_id in (*tasks, *not_sent):
             waiting.setdefault(run_key, set()).add(task_id)
         progress = [replace(p, running=tuple(t for t in p.running if t not in waiting.get(p.run_key, ())))
                     for p in progress]
@@ -290,6 +295,24 @@ class GraphBuilder:
         ).all()
         return {str(queue): int(n) for queue, n in rows}
 
+    def started(self, session: Session, ti_ids: Sequence[str]) -> dict[str, float]:
+        """Of these task instances (ids), the ones running, with their start (epoch seconds)."""
+        from airflow.models.taskinstance import TaskInstance
+        from sqlalchemy import select
+
+        out: dict[str, float] = {}
+        ids = sorted({uuid.UUID(str(i)) for i in ti_ids})
+        for i in range(0, len(ids), 1000):  # bounded IN lists
+            rows = session.execute(
+                select(TaskInstance.id, TaskInstance.start_date)
+                .where(TaskInstance.id.in_(ids[i:i + 1000]), TaskInstance.state == "running")
+            ).all()
+            for ti_id, start in rows:
+                if start is not None:  # Airflow's dates are UTC; a naive one is too
+                    aware = start if start.tzinfo is not None else start.replace(tzinfo=dt.UTC)
+                    out[_uuid_text(ti_id)] = aware.timestamp()
+        return out
+
     def _progress(self, runs: set[tuple[str, str]], session: Session) -> list[RunProgress]:
         from airflow.models.dagrun import DagRun
         from airflow.models.taskinstance import TaskInstance
@@ -334,3 +357,8 @@ class GraphBuilder:
             self._cached_nodes -= len(self._graphs.pop(key)[1].tasks)
             if self._cached_nodes <= MAX_CACHED_NODES:
                 break
+
+
+def _uuid_text(value: object) -> str:
+    """A task instance id as ``str(uuid)`` writes it, whatever type the database gave it back."""
+    return str(value if isinstance(value, uuid.UUID) else uuid.UUID(str(value)))

@@ -17,7 +17,8 @@ from airflow_drl_executor.graph_builder import Batch, GraphBuilder, _Structure
 from policy.schema import Decision, PlacementReply, PlacementRequest, ReadyTask, RunGraph, TaskNode
 
 RUN = "etl/run1"
-RUNNING_BY_POOL = GraphBuilder.running_by_pool  # the query, before the fixture below fakes it
+RUNNING_BY_POOL = GraphBuilder.running_by_pool  # the queries, before the fixture below fakes them
+STARTED = GraphBuilder.started
 GRAPH = RunGraph(RUN, (TaskNode("a", duration_s=10), TaskNode("b", duration_s=10, gpus=1, kind="gpu_train")), ())
 
 
@@ -45,12 +46,13 @@ def _workload(task_id: str) -> types.SimpleNamespace:
 def _no_other_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
     """The metadata DB's running tasks are read by a query of its own (tested below)."""
     monkeypatch.setattr(GraphBuilder, "running_by_pool", lambda self, session: {})
+    monkeypatch.setattr(GraphBuilder, "started", lambda self, session, ti_ids: {})
 
 
 @pytest.fixture
 def executor(monkeypatch: pytest.MonkeyPatch) -> DRLExecutor:
     ex = DRLExecutor()
-    def build(ready, session):
+    def build(ready, session, not_sent=()):
         return Batch({RUN: GRAPH}, [], [ReadyTask(RUN, r.task_id) for r in ready])
     monkeypatch.setattr(ex.graph_builder, "build", build)
     monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
@@ -209,7 +211,7 @@ def test_a_bad_hint_or_a_missing_dag_costs_only_that_task_or_run(monkeypatch: py
 
 def test_an_unexpected_error_while_placing_falls_back_instead_of_stopping_the_scheduler(
         executor: DRLExecutor, monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(ready, session):  # type: ignore[no-untyped-def]
+    def broken(ready, session, not_sent=()):  # type: ignore[no-untyped-def]
         raise KeyError("t9")
     monkeypatch.setattr(executor.graph_builder, "build", broken)
     executor._client = FakeClient(_reply({}))  # type: ignore[assignment]
@@ -231,7 +233,7 @@ def test_tasks_held_for_a_better_pool_do_not_take_the_open_slots(monkeypatch: py
 
     monkeypatch.setattr(wl, "ExecuteTask", Task)
     ex = DRLExecutor(parallelism=4)
-    monkeypatch.setattr(ex.graph_builder, "build", lambda ready, session: Batch(
+    monkeypatch.setattr(ex.graph_builder, "build", lambda ready, session, not_sent=(): Batch(
         {RUN: RunGraph(RUN, tuple(TaskNode(t) for t in ("g1", "g2", "c", "d")), ())}, [],
         [ReadyTask(RUN, r.task_id) for r in ready]))
     monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
@@ -283,7 +285,7 @@ def test_only_what_celery_accepted_leaves_a_trace_and_a_ledger_entry(monkeypatch
 
     monkeypatch.setattr(wl, "ExecuteTask", Task)
     ex = DRLExecutor()
-    monkeypatch.setattr(ex.graph_builder, "build", lambda ready, session: Batch(
+    monkeypatch.setattr(ex.graph_builder, "build", lambda ready, session, not_sent=(): Batch(
         {RUN: GRAPH}, [], [ReadyTask(RUN, r.task_id) for r in ready]))
     monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
     written: list = []
@@ -300,12 +302,12 @@ def test_only_what_celery_accepted_leaves_a_trace_and_a_ledger_entry(monkeypatch
     for w in (a, b):
         ex.queued_tasks[w.ti.key] = w  # type: ignore[index]
     ex.trigger_tasks(8)
-    assert written == [] and ex._pool_of == {} and ex._finish_at == {}
+    assert written == [] and len(ex.ledger) == 0
     assert ex.event_buffer[b.ti.key][0] == "failed" and a.ti.key in ex.queued_tasks
     del outcome["a"]
     ex.trigger_tasks(8)
     assert [(k, r.task_id) for k, r in written] == [(a.ti.key, "a")]
-    assert set(ex._pool_of) == set(ex._finish_at) == {a.ti.key}
+    assert len(ex.ledger) == 1 and ex.ledger.pool_of(a.ti.key) == "cpu-large"
 
 
 def test_adoption_hands_back_what_was_never_sent_and_keeps_the_rest_in_the_ledger(
@@ -341,8 +343,9 @@ def test_adoption_hands_back_what_was_never_sent_and_keeps_the_rest_in_the_ledge
             policy_version="1", request_id="q", decision_ms=1.0, features={}, celery_id="celery-sent")])
     not_adopted = ex.try_adopt_task_instances(tis)
     assert [ti.task_id for ti in not_adopted] == ["held"]
-    assert len(ex.running) == 3 and {p.name: p for p in ex.pool_states()}["gpu"].busy == 3
-    assert len({p.name: p for p in ex.pool_states()}["gpu"].free_at) == 3, "the ledger knows them"
+    gpu = {p.name: p for p in ex.pool_states()}["gpu"]
+    assert len(ex.running) == 3 and (gpu.slots, gpu.busy, gpu.queued) == (2, 2, 1), "2 slots: one waits"
+    assert len(gpu.free_at) == 3, "the ledger knows them"
 
 
 def test_a_callback_for_a_queue_no_pool_consumes_runs_on_a_live_cpu_pool(monkeypatch: pytest.MonkeyPatch) -> None:

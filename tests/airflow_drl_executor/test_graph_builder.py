@@ -135,3 +135,49 @@ def test_the_graph_cache_is_bounded_in_nodes_and_keeps_the_batchs_runs(monkeypat
     batch = gb.build([ReadyInstance("etl", f"r{i}", "t1", 1, "v1") for i in range(4)], None)  # type: ignore[arg-type]
     assert len(batch.graphs) == 4 and {k[0] for k in gb._graphs} == {f"etl/r{i}" for i in range(4)}
     assert gb._cached_nodes == 4000, "a batch's own runs are never evicted, even over the bound"
+
+
+def test_tasks_queued_to_the_executor_but_not_sent_are_not_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the simulator a task is running once dispatched; in Airflow "queued" also covers the
+    tasks the executor holds, or did not offer for want of a slot: those are not running.
+    was: only the batch's own ready tasks were taken out"""
+    from airflow_drl_executor.graph_builder import GraphBuilder, ReadyInstance, _Structure
+    from policy.schema import RunProgress
+
+    gb = GraphBuilder(pool_names=POOLS, default_queue="default", default_duration_s=60, history_ttl_s=300)
+    ids = ("a", "held", "sent", "waiting")
+    structure = _Structure(task_ids=ids, edges=(), hints=tuple({} for _ in ids), queues=("default",) * 4,
+                           weights=(1.0,) * 4)
+    monkeypatch.setattr(gb, "structure", lambda vid, session: structure)
+    monkeypatch.setattr(gb, "_durations", lambda dag_id, session: {})
+    monkeypatch.setattr(gb, "_progress", lambda runs, session: [
+        RunProgress("etl/r1", finished=(), running=("a", "held", "sent", "waiting"))])
+    batch = gb.build([ReadyInstance("etl", "r1", "a", 1, "v")], None,  # type: ignore[arg-type]
+                     not_sent=[("etl/r1", "held"), ("etl/r1", "waiting"), ("etl/r2", "held")])
+    assert batch.progress[0].running == ("sent",)
+
+
+def test_started_reads_the_start_of_the_running_ones_only() -> None:
+    import datetime as dt
+    import uuid
+
+    from airflow.models.taskinstance import TaskInstance
+    from sqlalchemy import Column, DateTime, MetaData, String, Table, create_engine, insert
+    from sqlalchemy.orm import Session
+
+    from airflow_drl_executor.graph_builder import GraphBuilder
+
+    engine = create_engine("sqlite://")
+    table = Table("task_instance", MetaData(), Column("id", TaskInstance.__table__.c.id.type),
+                  Column("state", String(20)), Column("start_date", DateTime(timezone=True)))
+    table.create(engine)
+    run, wait, done = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    t0 = dt.datetime(2026, 12, 6, 2, 0, tzinfo=dt.UTC)
+    with engine.begin() as conn:
+        conn.execute(insert(table), [{"id": run, "state": "running", "start_date": t0},
+                                     {"id": wait, "state": "queued", "start_date": None},
+                                     {"id": done, "state": "success", "start_date": t0}])
+    gb = GraphBuilder(pool_names=POOLS, default_queue="default", default_duration_s=60, history_ttl_s=300)
+    with Session(engine) as session:
+        got = gb.started(session, [str(run), str(wait), str(done), str(uuid.uuid4())])
+    assert list(got) == [str(run)] and got[str(run)] == pytest.approx(t0.timestamp(), abs=1.0)
