@@ -55,8 +55,10 @@ OPTIONS: dict[str, tuple[str, str | None, str]] = {
     ),
     "reconnect_backoff_max_s": (
         "integer",
-        "30",
-        "Upper bound of the exponential back-off between Redis reconnection attempts.",
+        "5",
+        "Upper bound of the exponential back-off between Redis reconnection attempts (while it "
+        "runs, every batch is placed by the fallback heuristic, so a long cap keeps falling back "
+        "long after Redis is back).",
     ),
     "max_wait_s": (
         "float",
@@ -108,7 +110,7 @@ class ExecutorConfig:
     catalogue: str = ""
     decision_timeout_ms: int = 200
     server_stale_after_s: int = 15
-    reconnect_backoff_max_s: int = 30
+    reconnect_backoff_max_s: int = 5
     max_wait_s: float = 60.0
     default_duration_s: float = 60.0
     history_ttl_s: int = 300

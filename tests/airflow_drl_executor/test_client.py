@@ -117,3 +117,39 @@ def test_dead_redis_backs_off() -> None:
     with pytest.raises(PlacementUnavailable, match="retrying in"):
         client.place(_request("r2"), {"d/r1": _graph()})
     assert time.monotonic() - start < 0.01, "during back-off the client does not touch Redis"
+
+
+def test_a_hung_redis_holds_the_scheduler_little_past_the_deadline() -> None:
+    """A Redis that accepts connections and never answers (was: 0.7 s for a 0.2 s deadline, at
+    every try after each back-off)."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        client = PlacementClient(f"redis://127.0.0.1:{listener.getsockname()[1]}/0", timeout_ms=200)
+        start = time.monotonic()
+        with pytest.raises(PlacementUnavailable, match="redis error"):
+            client.place(_request("r1"), {"d/r1": _graph()})
+        assert time.monotonic() - start < 0.4
+    finally:
+        stop.set()
+        thread.join(2)
+        for conn in held:
+            conn.close()
+        listener.close()
