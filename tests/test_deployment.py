@@ -80,3 +80,14 @@ def test_every_worker_can_run_the_nightly_retraining() -> None:
         text = (REPO / dockerfile).read_text()
         assert "groupadd --gid 50100 drl" in text and "--groups drl" in text, dockerfile
         assert f"chgrp drl {watched_dir(policy)}" in text and "chmod 2775" in text, dockerfile
+
+
+def test_a_replicated_service_publishes_a_host_port_per_replica() -> None:
+    """was: policy-server, 2 replicas, published "9100:9100": the second replica cannot bind it"""
+    for name, svc in COMPOSE["services"].items():
+        replicas = int(svc.get("deploy", {}).get("replicas", 1))
+        for port in svc.get("ports", []):
+            host = str(port).rsplit(":", 1)[0].split(":")[-1]
+            lo, _, hi = host.partition("-")
+            width = int(hi or lo) - int(lo) + 1
+            assert width >= replicas, f"{name}: {replicas} replicas, host ports {host!r}"
