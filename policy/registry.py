@@ -13,6 +13,11 @@ checks the hash (when given), then loads the checkpoint in a background thread t
 two batches; if anything fails, the old model keeps serving and the reason is logged and counted.
 Torch is imported only by the GNN loader, so a heuristic-only server starts without it.
 
+A registry this host cannot read (permissions, a network mount gone) is an I/O error, not a bad
+checkpoint: at start-up it is a :class:`~policy.errors.CheckpointError` like any other (``--placer
+auto`` serves the heuristic); while serving, the current model keeps serving, the error is logged and
+counted once, and the next poll tries again, with the same manifest.
+
 Each checkpoint that loads is recorded in ``<root>/last_good.json`` (same fields, plus the
 model's version). A server that starts while ``active.json`` names a checkpoint that does not
 load serves that last good one instead, and says so: a bad push survives a restart as a refusal,
@@ -51,6 +56,8 @@ MANIFEST = "active.json"
 LAST_GOOD = "last_good.json"
 #: Held (``flock``) by writers around "read the active checkpoint, compare, activate".
 ACTIVATION_LOCK = ".activate.lock"
+#: What an I/O failure was reading, for reporting each distinct one once (see ModelRegistry._io_failure).
+_MANIFEST_READ, _CHECKPOINT_READ = "manifest", "checkpoint"
 
 Loader = Callable[[Path, str], Placer]
 
@@ -144,14 +151,17 @@ def ensure_active(root: str | Path, default: str | Path = DEFAULT_CHECKPOINT) ->
     """Name ``default`` in an empty registry, so a fresh install serves a trained policy from the
     first request; a registry that already has a manifest is left alone. Returns the manifest."""
     root = Path(root)
-    if (root / MANIFEST).exists():
-        return root / MANIFEST
-    default = Path(default)
-    if not (default / "manifest.json").exists():
-        log.warning("registry %s is empty and there is no default checkpoint at %s", root, default)
-        return None
-    log.info("registry %s is empty: activating the packaged default checkpoint %s", root, default)
-    return activate(root, default, sha256=checkpoint_sha256(default), note="packaged default checkpoint")
+    try:
+        if (root / MANIFEST).exists():
+            return root / MANIFEST
+        default = Path(default)
+        if not (default / "manifest.json").exists():
+            log.warning("registry %s is empty and there is no default checkpoint at %s", root, default)
+            return None
+        log.info("registry %s is empty: activating the packaged default checkpoint %s", root, default)
+        return activate(root, default, sha256=checkpoint_sha256(default), note="packaged default checkpoint")
+    except OSError as exc:  # the caller decides, as for a bad checkpoint (auto: the heuristic)
+        raise CheckpointError(f"{root}: cannot read or write the registry: {exc}") from exc
 
 
 def resolve_device(spec: str) -> str:
@@ -200,6 +210,11 @@ def _probe(placer: Placer, path: Path) -> None:
                               f"{[(d.task_id, d.pool) for d in decisions]!r}")
 
 
+def _io_error(exc: BaseException) -> bool:
+    """The files could not be read (permissions, a mount gone): says nothing about their content."""
+    return isinstance(exc, OSError) or isinstance(exc.__cause__, OSError)
+
+
 def _relative(root: Path, path: Path) -> str:
     """``path`` relative to ``root`` when it lies under it (lexically), else as it is."""
     try:
@@ -238,6 +253,9 @@ class ModelRegistry:
         self._lock = threading.Lock()
         self._ready: LoadedModel | None = None
         self._loading: threading.Thread | None = None
+        #: the I/O failure last reported, per thing read (_MANIFEST_READ, _CHECKPOINT_READ): a
+        #: poll retries it every poll_s, and the same error is logged and counted only once
+        self._io_errors: dict[str, str] = {}
 
     @property
     def manifest(self) -> Path:
@@ -252,9 +270,12 @@ class ModelRegistry:
         """
         try:
             st = self.manifest.stat()
-            self._seen = (st.st_mtime_ns, st.st_size)
         except FileNotFoundError:
             return None
+        except OSError as exc:  # _seen stays unset: the first poll reads the manifest again
+            self._io_errors[_MANIFEST_READ] = f"{self.manifest}: cannot read: {exc}"
+            raise CheckpointError(self._io_errors[_MANIFEST_READ]) from exc
+        self._seen = (st.st_mtime_ns, st.st_size)
         try:
             spec = self._read_manifest()
             if spec is None:
@@ -263,6 +284,9 @@ class ModelRegistry:
             return self._remember(self._load(*spec))
         except CheckpointError as exc:
             model = self._load_last_good(exc)
+            if _io_error(exc):  # reported here (raised or counted); the polls try again
+                self._io_errors[_CHECKPOINT_READ if self._current else _MANIFEST_READ] = str(exc)
+                self._seen = self._current = None
             if model is None:
                 raise
             return model
@@ -311,16 +335,26 @@ class ModelRegistry:
         try:
             st = self.manifest.stat()
         except FileNotFoundError:
+            self._io_errors.pop(_MANIFEST_READ, None)
+            return None
+        except OSError as exc:
+            self._io_failure(_MANIFEST_READ, f"{self.manifest}: cannot read: {exc}")
             return None
         stamp = (st.st_mtime_ns, st.st_size)
         if stamp == self._seen:
+            self._io_errors.pop(_MANIFEST_READ, None)
             return None
         self._seen = stamp
         try:
             spec = self._read_manifest()
         except CheckpointError as exc:
-            self._refuse(str(exc))
+            if _io_error(exc):
+                self._seen = None  # not the manifest's content: read it again at the next poll
+                self._io_failure(_MANIFEST_READ, str(exc))
+            else:
+                self._refuse(str(exc))
             return None
+        self._io_errors.pop(_MANIFEST_READ, None)
         if spec is None or f"{spec[0]}#{spec[1]}" == self._current:
             return None
         self._current = f"{spec[0]}#{spec[1]}"
@@ -385,9 +419,12 @@ class ModelRegistry:
 
     def _check(self, path: Path, sha256: str) -> str:
         """The content hash of ``path``, which must exist and match ``sha256`` when one is given."""
-        if not path.exists():
-            raise CheckpointError(f"{path}: checkpoint named by {self.manifest} does not exist")
-        actual = checkpoint_sha256(path)
+        try:
+            if not path.exists():
+                raise CheckpointError(f"{path}: checkpoint named by {self.manifest} does not exist")
+            actual = checkpoint_sha256(path)
+        except OSError as exc:
+            raise CheckpointError(f"{path}: cannot read: {exc}") from exc
         if sha256 and actual != sha256:
             raise CheckpointError(
                 f"{path}: sha256 {actual[:16]}... does not match the manifest's {sha256[:16]}..."
@@ -398,7 +435,10 @@ class ModelRegistry:
         actual = self._check(path, sha256)
         t0 = time.perf_counter()
         device = resolve_device(self.device)
-        placer = self.loader(path, device)
+        try:
+            placer = self.loader(path, device)
+        except OSError as exc:
+            raise CheckpointError(f"{path}: cannot read: {exc}") from exc
         if not isinstance(placer, Placer):
             raise CheckpointError(f"{path}: loader returned {type(placer).__name__}, not a Placer")
         loaded_ms = (time.perf_counter() - t0) * 1e3
@@ -412,11 +452,30 @@ class ModelRegistry:
         try:
             model = self._load(path, sha256)
         except Exception as exc:  # noqa: BLE001 - any failure keeps the old model; we say why
-            self._refuse(f"{path}: {type(exc).__name__}: {exc}")
+            if _io_error(exc):
+                # Not the checkpoint's fault: forget it was tried, so that the next poll (this
+                # thread has ended by then) tries it again, instead of refusing it until the
+                # manifest changes.
+                self._seen = self._current = None
+                self._io_failure(_CHECKPOINT_READ, str(exc))
+            else:
+                self._refuse(f"{path}: {type(exc).__name__}: {exc}")
             return
+        self._io_errors.pop(_CHECKPOINT_READ, None)
         with self._lock:
             self._ready = self._remember(model)
 
     def _refuse(self, reason: str) -> None:
         log.error("model registry: refused, keeping the current model: %s", reason)
+        self.on_failure(reason)
+
+    def _io_failure(self, what: str, reason: str) -> None:
+        """An I/O error reading ``what``: the current model keeps serving and the next poll tries
+        again; logged and counted once per distinct error, not once per poll."""
+        if self._io_errors.get(what) == reason:
+            log.debug("model registry: still cannot read the %s: %s", what, reason)
+            return
+        self._io_errors[what] = reason
+        log.error("model registry: cannot read the %s, keeping the current model and retrying every "
+                  "%.1f s: %s", what, self.poll_s, reason)
         self.on_failure(reason)

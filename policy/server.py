@@ -24,7 +24,11 @@ Choices worth knowing:
 - A graph sent in full is kept in the replica's :class:`~policy.graph_cache.GraphCache` and, by
   the same script, in the shared graph store (``Keys.graph``, TTL ``graph_store_ttl_s``): a
   :class:`~policy.schema.RunRef` read by another replica is resolved from there (``GETEX``), not
-  bounced back to the client as ``unknown_graph``.
+  bounced back to the client as ``unknown_graph``. Every full graph is stored, cached here or not
+  (after Redis restarts empty, the resend is the store's only refill), and a reference resolved
+  from the local cache refreshes the stored entry's TTL (``EXPIRE``, in the same script).
+- A stream or group deleted under the replica (``FLUSHALL``, a restart without persistence) is
+  recreated at once (``NOGROUP``, ``UNBLOCKED``, ``no such key``), not taken for a lost Redis.
 - Heartbeats older than ``heartbeat_prune_s`` (replicas that crashed) are removed from
   ``Keys.heartbeat``, and their consumers from the group once nothing is pending for them.
 - Losing Redis is not fatal: the loop reconnects with capped, jittered exponential backoff.
@@ -86,11 +90,17 @@ _MAX_REQUEST_ID = 200
 _BATCH_POLL_S = 0.0005
 #: a request's deadline when it names none, ms
 _DEFAULT_DEADLINE_MS = 250.0
+#: Redis errors that mean the stream, and so the group, was deleted under us (FLUSHALL, DEL, a
+#: restart without persistence): XREADGROUP/XAUTOCLAIM answer NOGROUP, a read blocked at that
+#: moment is woken with UNBLOCKED, XINFO answers 'no such key'. Recreate the group; Redis is there.
+_GROUP_GONE = ("NOGROUP", "UNBLOCKED", "no such key")
 
-#: Store the batch's new graphs, then reply to, acknowledge and delete the entries this replica
-#: still owns; returns the ids of those it no longer owns (another replica took them over).
+#: Store the batch's full graphs and refresh the TTL of those it named by reference, then reply
+#: to, acknowledge and delete the entries this replica still owns; returns the ids of those it no
+#: longer owns (another replica took them over).
 #: KEYS[1]: the request stream. ARGV: group, consumer, reply TTL, graph TTL, number of graphs G,
-#: G (key, graph JSON) pairs, then (entry id, reply key, reply JSON) triples ('' key: no reply).
+#: G (key, graph JSON) pairs, number of references R, R keys, then (entry id, reply key, reply
+#: JSON) triples ('' key: no reply).
 _REPLY_LUA = """
 local stream, group, me = KEYS[1], ARGV[1], ARGV[2]
 local reply_ttl, graph_ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -98,6 +108,12 @@ local i = 6
 for _ = 1, tonumber(ARGV[5]) do
   redis.call('SET', ARGV[i], ARGV[i + 1], 'NX', 'EX', graph_ttl)
   i = i + 2
+end
+local refs = tonumber(ARGV[i])
+i = i + 1
+for _ = 1, refs do
+  redis.call('EXPIRE', ARGV[i], graph_ttl)
+  i = i + 1
 end
 local lost = {}
 while i <= #ARGV do
@@ -181,7 +197,6 @@ class PolicyServer:
         self.checkpoint = ""
         if placer is None and config.placer != "eft" and config.registry:
             _torch_threads(config.torch_threads)
-            ensure_active(config.registry)
             gnn_kwargs: dict[str, Any] = {"temperature": config.temperature, "seed": config.seed,
                                           "hold_ratio": config.hold_ratio, "step_kernel": config.step_kernel}
             if config.cp_gate is not None:  # unset: as the checkpoint was trained
@@ -196,6 +211,7 @@ class PolicyServer:
                 on_failure=lambda reason: self.metrics.model_load_failures.inc(),
             )
             try:
+                ensure_active(config.registry)
                 model = self.registry.load_now()
             except CheckpointError as exc:
                 if config.placer == "gnn":
@@ -216,7 +232,10 @@ class PolicyServer:
         self._claim_cursor = "0-0"
         #: Redis's clock minus ours, seconds (None until measured: deadlines then use created_at)
         self._clock_offset: float | None = None
-        self._new_graphs: list[RunGraph] = []
+        #: the batch's full graphs, for the shared store (SET NX, with the replies)
+        self._store_graphs: dict[tuple[str, str], RunGraph] = {}
+        #: store keys of the graphs the batch named by reference and found in the local cache
+        self._touch_graphs: set[str] = set()
         self._reply_script: Any = None
         self._next_claim = 0.0
         self._next_heartbeat = 0.0
@@ -252,23 +271,26 @@ class PolicyServer:
         gc.collect()
         gc.freeze()
         delay = self.config.reconnect_base_s
-        while not self._stop.is_set():
-            try:
-                if not self._ready:
-                    self._connect()
-                self.step()
-                delay = self.config.reconnect_base_s
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                self._lost(f"{type(exc).__name__}: {exc}", delay)
-                delay = min(self.config.reconnect_max_s, delay * 2)
-            except redis.ResponseError as exc:
-                if "NOGROUP" in str(exc):  # stream or group deleted under us (FLUSHALL): recreate
-                    log.warning("consumer group vanished (%s); recreating it", exc)
-                    self._ready = False
-                    continue
-                self._lost(f"Redis error: {exc}", delay)
-                delay = min(self.config.reconnect_max_s, delay * 2)
-        self._goodbye()
+        try:
+            while not self._stop.is_set():
+                try:
+                    if not self._ready:
+                        self._connect()
+                    self.step()
+                    delay = self.config.reconnect_base_s
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    self._lost(f"{type(exc).__name__}: {exc}", delay)
+                    delay = min(self.config.reconnect_max_s, delay * 2)
+                except redis.ResponseError as exc:
+                    if any(s in str(exc) for s in _GROUP_GONE):
+                        log.warning("consumer group vanished (%s); recreating it", exc)
+                        self._drop_connection()
+                        continue
+                    self._lost(f"Redis error: {exc}", delay)
+                    delay = min(self.config.reconnect_max_s, delay * 2)
+        finally:
+            # also on a crash: a heartbeat left behind would count a dead replica as live until pruned
+            self._goodbye()
         log.info("stopped after %d requests in %d batches", self.handled, self.batches)
         return 0
 
@@ -279,6 +301,11 @@ class PolicyServer:
             log.debug("Redis still unavailable (%s)", why)
         self.metrics.reconnects.inc()
         self.connected = False
+        self._drop_connection()
+        self._stop.wait(delay * (0.5 + self._rng.random() / 2))
+
+    def _drop_connection(self) -> None:
+        """Close the client; the next iteration connects again and (re)creates the group."""
         self._ready = False
         if self._redis is not None:
             try:
@@ -286,7 +313,6 @@ class PolicyServer:
             except redis.RedisError:
                 pass
             self._redis = None
-        self._stop.wait(delay * (0.5 + self._rng.random() / 2))
 
     def _connect(self) -> None:
         kwargs: dict[str, Any] = {
@@ -476,7 +502,8 @@ class PolicyServer:
         """Decode, resolve, decide and build replies for a batch of stream entries."""
         read_at = time.perf_counter()
         jobs: list[_Job] = []
-        self._new_graphs = []
+        self._store_graphs = {}
+        self._touch_graphs = set()
         for entry_id, fields in entries:
             job = _Job(entry_id=entry_id, read_at=read_at, entry_ms=_entry_ms(entry_id))
             jobs.append(job)
@@ -566,12 +593,19 @@ class PolicyServer:
                     view(run)  # rejects cycles before the graph is cached
                 except SchemaError as exc:
                     raise RequestRejected("bad_request", str(exc)) from exc
-                if self.cache.get(run.run_key, run.digest) is None:
-                    self._new_graphs.append(run)  # for the shared store, with the replies
+                # Stored even when this replica caches it already: the client sends a full graph
+                # only when it believes the servers lack it (a new run, or a resend after an
+                # error), e.g. after Redis restarted empty. Then only the store tells another
+                # replica; SET NX of a graph already there costs one lookup.
+                self._store_graphs[(run.run_key, run.digest)] = run
                 self.cache.put(run)
                 graphs[run.run_key] = run
             elif isinstance(run, RunRef):
                 entry = self.cache.get(run.run_key, run.digest)
+                if entry is not None:
+                    # a run served mostly from this cache for longer than the store's TTL must
+                    # keep its store entry for the other replicas (GETEX refreshes it there)
+                    self._touch_graphs.add(self.keys.graph(run.run_key, run.digest))
                 graph = entry.graph if entry is not None else self._stored_graph(run)
                 if graph is None:
                     missing.append(f"{run.run_key}@{run.digest}")
@@ -633,14 +667,19 @@ class PolicyServer:
                               error=message[:2000])
 
     def _reply(self, r: redis.Redis, jobs: Sequence[_Job]) -> None:
-        """One script call (:data:`_REPLY_LUA`): the batch's new graphs into the shared store,
-        then the replies to, and the acknowledgement of, the entries this replica still owns."""
+        """One script call (:data:`_REPLY_LUA`): the batch's full graphs into the shared store
+        (and a fresh TTL for those it referenced), then the replies to, and the acknowledgement
+        of, the entries this replica still owns."""
         args: list[Any] = [self.keys.group, self.config.consumer, REPLY_TTL_S,
                            max(1, int(self.config.graph_store_ttl_s))]
-        stored = self._new_graphs if self.config.graph_store_ttl_s > 0 else []
+        store_on = self.config.graph_store_ttl_s > 0
+        stored = list(self._store_graphs.values()) if store_on else []
         args.append(len(stored))
         for g in stored:
             args += [self.keys.graph(g.run_key, g.digest), json.dumps(g.to_json(), separators=(",", ":"))]
+        touched = sorted(self._touch_graphs) if store_on else []
+        args.append(len(touched))
+        args += touched
         answered: list[_Job] = []
         late = 0
         for job in jobs:

@@ -23,6 +23,7 @@ from policy.registry import (
     activate,
     activation_lock,
     checkpoint_sha256,
+    ensure_active,
 )
 from policy.schema import Decision, PlacementRequest, RunGraph
 
@@ -308,3 +309,100 @@ def test_a_model_that_loads_but_cannot_place_is_refused(tmp_path: Path) -> None:
     assert "fails on a probe request: RuntimeError: probability tensor contains nan" in failures[-1]
     with pytest.raises(CheckpointError, match="fails on a probe request"):
         ModelRegistry(tmp_path / "fresh", loader=fake_loader)._load(bad, checkpoint_sha256(bad))
+
+
+@pytest.fixture
+def unreadable(monkeypatch: pytest.MonkeyPatch) -> set[Path]:
+    """Folders whose contents fail with PermissionError, as after ``chmod 000`` (simulated: the
+    tests may run as root, which ignores file modes). Add a folder to the returned set to lock it."""
+    locked: set[Path] = set()
+    real_stat, real_open = Path.stat, Path.open
+
+    def check(p: Path) -> None:
+        if any(d in p.parents for d in locked):
+            raise PermissionError(13, "Permission denied", str(p))
+
+    def stat(self: Path, **kwargs):  # type: ignore[no-untyped-def]
+        check(self)
+        return real_stat(self, **kwargs)
+
+    def open_(self: Path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        check(self)
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "stat", stat)
+    monkeypatch.setattr(Path, "open", open_)
+    return locked
+
+
+def test_an_unreadable_registry_keeps_the_current_model_serving(tmp_path: Path, start_server,
+                                                                 rclient: redis.Redis,
+                                                                 unreadable: set[Path],
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    fake_checkpoint(tmp_path, "v1", "1")
+    activate(tmp_path, "v1")
+    rs = start_server(placer=None, loader=fake_loader, registry=str(tmp_path), registry_poll_s=0.02)
+    g = chain("locked")
+    assert ask(rclient, request([g], [("locked", "t0")])).policy_version == "1"  # type: ignore[union-attr]
+    fake_checkpoint(tmp_path, "v2", "2")
+    unreadable.add(tmp_path)
+    activate(tmp_path, "v2")  # pushed while this host cannot read the registry
+    wait_for(lambda: rs.server.metrics.model_load_failures._value.get() == 1)
+    time.sleep(0.3)  # a dozen polls more: the same error is logged and counted once
+    reply = ask(rclient, request([g], [("locked", "t1")]))
+    assert reply is not None and reply.ok and reply.policy_version == "1"
+    assert rs.thread.is_alive() and rs.server.metrics.model_load_failures._value.get() == 1
+    assert sum("Permission denied" in r.getMessage() for r in caplog.records
+               if r.levelname == "ERROR") == 1
+    unreadable.clear()  # readable again: retried at the next poll
+    wait_for(lambda: rs.server.version == "fake:2")
+
+
+def test_an_unreadable_registry_at_start_up_falls_back_to_the_heuristic(tmp_path: Path, redis_url: str,
+                                                                        unreadable: set[Path]) -> None:
+    from policy.config import ServerConfig
+    from policy.server import PolicyServer
+
+    fake_checkpoint(tmp_path, "v1", "1")
+    activate(tmp_path, "v1")
+    unreadable.add(tmp_path)
+    with pytest.raises(CheckpointError, match="Permission denied"):
+        ModelRegistry(tmp_path, loader=fake_loader).load_now()
+    with pytest.raises(CheckpointError, match="Permission denied"):
+        ensure_active(tmp_path)
+    server = PolicyServer(ServerConfig(redis_url=redis_url, placer="auto", registry=str(tmp_path)),
+                          loader=fake_loader)
+    assert server.placer.name == "eft"
+    assert server.metrics.model_load_failures._value.get() == 1
+    unreadable.clear()
+    assert server.registry is not None
+    server.registry.poll()  # once readable, the next poll loads what the manifest names
+    server.registry.wait_idle()
+    model = server.registry.poll()
+    assert model is not None and model.version == "fake:1"
+
+
+def test_a_checkpoint_that_fails_to_read_is_retried(tmp_path: Path, unreadable: set[Path]) -> None:
+    """An I/O error says nothing about the checkpoint: it is tried again at the next poll (once
+    counted), not refused until the manifest changes, as a bad hash or shape is."""
+    failures: list[str] = []
+    now = [0.0]
+    reg = ModelRegistry(tmp_path, loader=fake_loader, poll_s=1.0, on_failure=failures.append,
+                        clock=lambda: now[0])
+    fake_checkpoint(tmp_path, "v1", "1")
+    activate(tmp_path, "v1")
+    assert reg.load_now() is not None
+    v2 = fake_checkpoint(tmp_path, "v2", "2")
+    activate(tmp_path, "v2")
+    unreadable.add(v2)
+    for _ in range(3):
+        now[0] += 1.0
+        assert reg.poll() is None
+        reg.wait_idle()
+    assert len(failures) == 1 and "Permission denied" in failures[0]
+    unreadable.clear()
+    now[0] += 1.0
+    reg.poll()
+    reg.wait_idle()
+    model = reg.poll()
+    assert model is not None and model.version == "fake:2"

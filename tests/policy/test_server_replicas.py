@@ -232,3 +232,72 @@ def test_heartbeats_of_crashed_replicas_are_pruned(start_server, rclient: redis.
     assert rclient.hexists(KEYS.heartbeat, "alive")
     names = {c["name"] for c in rclient.xinfo_consumers(KEYS.requests, KEYS.group)}
     assert b"crashed" not in names
+
+
+def test_a_graph_resent_in_full_is_stored_again_after_redis_lost_it(start_server,
+                                                                    rclient: redis.Redis) -> None:
+    """Redis restarted without persistence: the replica that still caches a graph is sent it in
+    full again (the client resends after an error); it must put it back in the shared store, or
+    every reference that lands on another replica is bounced as unknown_graph, forever."""
+    a = start_server(consumer="a")
+    g = chain("refilled", 10)
+    key = KEYS.graph(g.run_key, g.digest)
+    assert ask(rclient, request([g], [(g.run_key, "t0")])).ok  # type: ignore[union-attr]
+    assert rclient.delete(key) == 1  # what a restart without persistence does to the store
+    assert ask(rclient, request([g], [(g.run_key, "t1")])).ok  # type: ignore[union-attr]
+    assert rclient.exists(key), "a full graph that a already cached was not stored again"
+    a.stop()
+    b = start_server(consumer="b")
+    by_ref = ask(rclient, request([RunRef(g.run_key, g.digest)], [(g.run_key, "t2")]))
+    assert by_ref is not None and by_ref.ok, by_ref
+    assert b.server.metrics.graph_store_hits._value.get() == 1
+
+
+def test_a_reference_resolved_from_the_local_cache_keeps_the_stored_graph_alive(start_server,
+                                                                                 rclient: redis.Redis) -> None:
+    """A run served for longer than the store's TTL mostly by references to the replica that
+    cached it must not lose its store entry: another replica would then ask for the graph."""
+    start_server(consumer="a", graph_store_ttl_s=600)
+    g = chain("long-run", 10)
+    key = KEYS.graph(g.run_key, g.digest)
+    assert ask(rclient, request([g], [(g.run_key, "t0")])).ok  # type: ignore[union-attr]
+    rclient.expire(key, 5)  # as if most of the TTL had passed
+    by_ref = ask(rclient, request([RunRef(g.run_key, g.digest)], [(g.run_key, "t1")]))
+    assert by_ref is not None and by_ref.ok
+    assert 500 < rclient.ttl(key) <= 600
+
+
+def test_a_deleted_stream_is_recreated_at_once_not_backed_off(start_server, rclient: redis.Redis) -> None:
+    """FLUSHALL (or a DEL of the stream) fails the blocking read with 'UNBLOCKED the stream key no
+    longer exists' and XINFO with 'no such key': the group is recreated, Redis is not 'lost'."""
+    rs = start_server(consumer="a", heartbeat_s=0.02)
+    for _ in range(30):
+        rclient.flushall()
+        time.sleep(0.03)  # mostly while the replica blocks in XREADGROUP (block_ms 50)
+    reply = ask(rclient, request([chain("flushed")], [("flushed", "t0")]))
+    assert reply is not None and reply.ok
+    assert rs.server.metrics.reconnects._value.get() == 0
+    assert rs.server.connected
+
+
+def test_a_replica_that_crashes_removes_its_heartbeat(redis_url: str, rclient: redis.Redis) -> None:
+    """A bug that escapes the loop kills the replica; its heartbeat must not outlive it (the
+    executor would count it as live until the others prune it)."""
+    config = ServerConfig(redis_url=redis_url, prefix=KEYS.prefix, consumer="doomed", block_ms=50,
+                          heartbeat_s=0.2)
+    server = PolicyServer(config)
+    real_step = server.step
+    calls = 0
+
+    def step() -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            assert rclient.hexists(KEYS.heartbeat, "doomed")
+            raise RuntimeError("a bug")
+        return real_step()
+
+    server.step = step  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="a bug"):
+        server.serve_forever()
+    assert not rclient.hexists(KEYS.heartbeat, "doomed")
