@@ -32,7 +32,7 @@ from policy.schema import PoolState, ReadyTask, TaskNode
 from trainer.baselines import make_placer
 from trainer.baselines.rules import INF, CriticalPathCost, ListScheduler, run_time
 from trainer.bench import setting_jobs
-from trainer.simulator import SimConfig, Simulator
+from trainer.simulator import SCALE_IN_RULES, SimConfig, Simulator
 
 W = "../shared/workflows/wfinstances"
 NAMES = ("Epigenomics", "BWA", "SoyKB")
@@ -88,9 +88,9 @@ class BootAware(ListScheduler):
 
 
 def simulate(
-    args: tuple[str, int, str, int, str, float],
+    args: tuple[str, int, str, int, str, float, str],
 ) -> tuple[int, int, str, float, float, dict[str, tuple[float, float, float, int]]]:
-    spec, pos, pools, seed, name, load = args
+    spec, pos, pools, seed, name, load, scale_in = args
     catalogue = load_catalogue(pools)
     jobs = setting_jobs(spec, pos, seed, catalogue, 30, load)
     placer: Placer
@@ -114,7 +114,7 @@ def simulate(
                              cp_gate_scope=scope or None)
     else:
         placer = make_placer(name, catalogue, seed)
-    sim = Simulator(catalogue, jobs, placer, seed=seed, config=SimConfig(duration_noise=0.3))
+    sim = Simulator(catalogue, jobs, placer, seed=seed, config=SimConfig(duration_noise=0.3, scale_in=scale_in))
     res = sim.run()
     jct = sum(j.jct_s for j in res.jobs) / len(res.jobs)
     tasks = Counter(t.pool for t in res.tasks)
@@ -139,12 +139,14 @@ def main() -> None:
                     "or DIR@GATE/all (the gate for every task)")
     ap.add_argument("--pools", default="policy/catalogues/gpu-affinity.yaml")
     ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--scale-in", choices=SCALE_IN_RULES, default="sustained",
+                    help="elastic pools' scale-in rule (trainer/cluster.py; window: as Kubernetes HPA / KEDA)")
     args = ap.parse_args()
     names = [*COST_BLIND, "cost-aware", "cost-cp", *(f"boot-{float(x):g}" for x in args.lams.split(",") if x),
              *(f"cp-{x}" for x in args.cp.split(",") if x),
              *(f"drl:{x}" for x in args.checkpoints.split(",") if x)]
     specs = settings()
-    work = [(spec, pos, args.pools, s, n, args.load) for pos, spec in enumerate(specs)
+    work = [(spec, pos, args.pools, s, n, args.load, args.scale_in) for pos, spec in enumerate(specs)
             for s in args.seeds for n in names]
     with ProcessPoolExecutor(args.jobs) as ex:
         results = list(ex.map(simulate, work))
@@ -157,7 +159,8 @@ def main() -> None:
         for pool, (c, busy, billed, n) in per.items():
             old = a[2].get(pool, (0.0, 0.0, 0.0, 0))
             a[2][pool] = (old[0] + c / k, old[1] + busy, old[2] + billed, old[3] + n)
-    print(f"seeds {args.seeds}, load {args.load}; ratios to the cost-blind per-setting best (lowest mean JCT)")
+    print(f"seeds {args.seeds}, load {args.load}, scale-in {args.scale_in}; ratios to the cost-blind "
+          "per-setting best (lowest mean JCT)")
     for pos, label in enumerate(NAMES):
         ref = min(COST_BLIND, key=lambda n: agg[(pos, n)][0])
         j0, c0 = agg[(pos, ref)][:2]

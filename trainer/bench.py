@@ -30,7 +30,7 @@ from policy.catalogue import Catalogue, load_catalogue
 from policy.features import CP_GATE_SCOPES, HOLD_RATIO, check_hold_ratio, check_premium_ratio
 from trainer.baselines import LEARNED, expand, make_placer
 from trainer.metrics import Bounds, average, summarize
-from trainer.simulator import Job, SimConfig, SimResult, Simulator
+from trainer.simulator import SCALE_IN_RULES, Job, SimConfig, SimResult, Simulator
 from trainer.workloads import REPLAY_PREFIX, ArrivalSpec, load_templates, make_jobs, replay_jobs
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration-noise", type=float, default=0.3, help="log-normal sigma of run times")
     parser.add_argument("--failure-rate", type=float, default=0.0, help="probability a try fails")
     parser.add_argument("--dispatch-latency", type=float, default=0.0, help="seconds per dispatch")
+    parser.add_argument("--scale-in", choices=SCALE_IN_RULES, default="sustained",
+                        help="how elastic pools scale in (trainer/cluster.py): sustained (every figure so far) "
+                             "or window (Kubernetes HPA's stabilisation window, which KEDA uses)")
     parser.add_argument("--max-wait-s", type=float, default=None,
                         help="bound holding as the executor does ([drl_executor] max_wait_s, 60 there): a task "
                              "held this long is placed by the fallback heuristic (default: unbounded)")
@@ -127,7 +130,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     policies = expand(args.policies)
     settings = args.workflows or ["seed"]
     config = SimConfig(duration_noise=args.duration_noise, failure_rate=args.failure_rate,
-                       dispatch_latency_s=args.dispatch_latency, max_wait_s=args.max_wait_s)
+                       dispatch_latency_s=args.dispatch_latency, max_wait_s=args.max_wait_s,
+                       scale_in=args.scale_in)
     seeds = [args.seed + k for k in range(args.seeds)]
     work = []
     for s, spec in enumerate(settings):
@@ -177,7 +181,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             "workflows": settings, "pools": str(args.pools), "policies": policies, "load": args.load,
             "arrival": args.arrival, "dag_runs": args.dag_runs, "seeds": seeds,
             "duration_noise": args.duration_noise, "failure_rate": args.failure_rate,
-            "dispatch_latency_s": args.dispatch_latency, "max_wait_s": args.max_wait_s,
+            "dispatch_latency_s": args.dispatch_latency, "max_wait_s": args.max_wait_s, "scale_in": args.scale_in,
             "hold_ratio": str(HOLD_RATIO if args.hold_ratio is None else args.hold_ratio),
             "reserve_busy": "checkpoint" if args.reserve_busy is None else args.reserve_busy,
             "cp_gate": "checkpoint" if args.cp_gate is None else args.cp_gate,

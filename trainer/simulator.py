@@ -144,6 +144,11 @@ class SimConfig:
     slowdowns: tuple[Slowdown, ...] = ()
     #: KEDA-style scaling of elastic pools; False keeps every pool at its ``workers``
     autoscale: bool = True
+    #: how an elastic pool scales in (``trainer/cluster.py``): ``"sustained"`` removes every
+    #: surplus worker once the pool has had surplus for ``idle_scale_down_s`` without a break;
+    #: ``"window"`` keeps the most workers any moment of the last ``idle_scale_down_s`` needed
+    #: (Kubernetes HPA's scale-down stabilisation window, which KEDA uses)
+    scale_in: str = "sustained"
     #: longest a task may be held (left without a decision) before the executor's fallback places
     #: it, as ``[drl_executor] max_wait_s`` (default there 60); None = unbounded
     max_wait_s: float | None = None
@@ -151,6 +156,8 @@ class SimConfig:
     def __post_init__(self) -> None:
         if self.duration_noise < 0 or not math.isfinite(self.duration_noise):
             raise ValueError(f"duration_noise must be >= 0, got {self.duration_noise!r}")
+        if self.scale_in not in SCALE_IN_RULES:
+            raise ValueError(f"scale_in must be one of {', '.join(SCALE_IN_RULES)}, got {self.scale_in!r}")
         if self.dispatch_latency_s < 0:
             raise ValueError(f"dispatch_latency_s must be >= 0, got {self.dispatch_latency_s!r}")
         if self.max_wait_s is not None and not (self.max_wait_s >= 0 and math.isfinite(self.max_wait_s)):
@@ -224,6 +231,7 @@ class SimResult:
 
 _WAITING, _READY, _QUEUED, _RUNNING, _DONE = range(5)
 _ARRIVE, _FINISH, _LAND, _BOOT, _SCALE, _DOWN, _UP, _SLOW, _FAST, _WAKE = range(10)
+SCALE_IN_RULES = ("sustained", "window")
 #: what places a task held past ``max_wait_s``: the executor's fallback
 _WAIT_FALLBACK = EarliestFinishPlacer(fallback=True)
 
@@ -504,13 +512,16 @@ class Simulator:
             self._fill(pool)
         elif kind == _SCALE:
             pool = self._pools[a]
-            since = pool.surplus_since
-            if since is not None and self._now - since >= pool.spec.idle_scale_down_s - 1e-9:
-                n = pool.surplus()
-                if n:
-                    pool.account(self._now)
-                    pool.remove_workers(n, self._now)
-                pool.surplus_since = None
+            if self.config.scale_in == "window":
+                self._scale_in_window(pool)
+            else:
+                since = pool.surplus_since
+                if since is not None and self._now - since >= pool.spec.idle_scale_down_s - 1e-9:
+                    n = pool.surplus()
+                    if n:
+                        pool.account(self._now)
+                        pool.remove_workers(n, self._now)
+                    pool.surplus_since = None
         elif kind == _DOWN:
             self._outage(self._pools[a])
         elif kind == _UP:
@@ -643,6 +654,12 @@ class Simulator:
         pool.inflight = 0
         pool.invalidate()
 
+    def _scale_in_window(self, pool: PoolRuntime) -> None:
+        n = pool.window_surplus(self._now, pool.spec.idle_scale_down_s)
+        if n:
+            pool.account(self._now)
+            pool.remove_workers(n, self._now)
+
     def _autoscale(self) -> None:
         for pool in self._elastic:
             key = (pool.running, pool.queued, pool.workers, pool.booting, pool.up, pool.surplus_since)
@@ -653,7 +670,12 @@ class Simulator:
                 p = self._pool_index[pool.name]
                 for _ in range(started):
                     self._push(self._now + pool.spec.boot_delay_s, _BOOT, p)
-            if pool.surplus() > 0:
+            if self.config.scale_in == "window":
+                if pool.note_needed(self._now):  # the need fell: workers may go one window on
+                    self._push(self._now + pool.spec.idle_scale_down_s, _SCALE, self._pool_index[pool.name])
+                if pool.surplus() > 0:  # e.g. a worker booted for a need that passed a window ago
+                    self._scale_in_window(pool)
+            elif pool.surplus() > 0:
                 if pool.surplus_since is None:
                     pool.surplus_since = self._now
                     self._push(self._now + pool.spec.idle_scale_down_s, _SCALE, self._pool_index[pool.name])

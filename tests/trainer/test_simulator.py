@@ -174,6 +174,51 @@ def test_elastic_pool_scales_up_and_down():
     assert max(t.end_s for t in r.tasks if t.run_key == "w") < 40 * 200.0 / 14
 
 
+class _ToPool:
+    name = "to-pool"
+
+    def __init__(self, pool: str) -> None:
+        self.pool = pool
+
+    def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
+        vm = {p.name: p.vm_class for p in request.pools}[self.pool]
+        return [Decision(t.run_key, t.task_id, self.pool, vm) for t in request.ready]
+
+
+@pytest.mark.parametrize("rule, worker_s", [("sustained", 111 + 111 + 111), ("window", 111 + 205 + 111)])
+def test_scale_in_rules(rule: str, worker_s: float) -> None:
+    """Two workers boot for a 1 s and a 95 s task (ready at 10 s; idle from 11 s and 105 s), a
+    third task comes at 300 s; scale-in after 100 s. "sustained": the pool has had surplus since
+    11 s, so at 111 s both go, the second idle for 6 s; "window": one goes at 111 s, the other at
+    205 s, each after 100 s of surplus (found by review: the docstring said "window")."""
+    from policy.catalogue import parse_catalogue
+
+    cat = parse_catalogue({
+        "vm_classes": {"v": {"cpus": 4, "memory_gb": 16, "speed": 1.0, "price_per_hour": 3600.0}},  # $1 a second
+        "pools": {"e": {"vm_class": "v", "workers": 0, "min_workers": 0, "max_workers": 3, "boot_delay_s": 10,
+                        "idle_scale_down_s": 100, "billing_s": 1}}})
+    jobs = [Job(_chain("a", 1, 1.0), 0.0), Job(_chain("b", 1, 95.0), 0.0), Job(_chain("c", 1, 1.0), 300.0)]
+    sim = Simulator(cat, jobs, _ToPool("e"), seed=0, scale_in=rule)
+    r = sim.run()
+    assert r.cost == pytest.approx(worker_s)
+    assert sim.pools[0].workers == 0
+    with pytest.raises(ValueError, match="scale_in must be one of sustained, window, got 'hpa'"):
+        Simulator(cat, jobs, _ToPool("e"), scale_in="hpa")
+
+
+def test_window_scale_in_on_a_busy_cluster_conserves_and_scales_back() -> None:
+    cat = load_catalogue(f"{CATALOGUES}/gpu-affinity.yaml")
+    rng = np.random.default_rng(3)
+    tpl = seed_dataset("mlpipeline", rng)[:6] + seed_dataset("etl", rng)[:6]
+    jobs = [*make_jobs(tpl, cat, 40, rng, ArrivalSpec(load=0.9)), Job(_chain("late", 1, 1.0), 1e5)]
+    sim = Simulator(cat, jobs, EarliestFinishPlacer(), seed=5, duration_noise=0.3, scale_in="window")
+    r = sim.run()
+    check_conservation(jobs, r, cat)
+    assert all(p.workers <= max(p.min_workers, 1) for p in sim.pools), "idle for hours: back to the floor"
+    sustained = Simulator(cat, jobs, EarliestFinishPlacer(), seed=5, duration_noise=0.3).run()
+    assert r.cost > sustained.cost, "workers are kept longer"
+
+
 def test_bad_jobs_rejected():
     cat = load_catalogue(f"{CATALOGUES}/speeds-1-2-4.yaml")
     with pytest.raises(SimulationError, match="share run_key"):
