@@ -43,6 +43,7 @@ from policy.features import (
     READY_FEATURES,
     TASK_FEATURES,
 )
+from policy.inputs import cut_inputs, untrained_inputs_of
 from policy.model import ModelConfig, PlacementGNN
 
 log = logging.getLogger(__name__)
@@ -138,7 +139,10 @@ def save_ensemble(members: Sequence[Checkpoint], path: str | Path, *, name: str 
                for i, c in enumerate(members) for k, v in c.model.state_dict().items()}
     newest = max(members, key=lambda c: c.model.schema_version)
     listed = [{"version": c.version, "feature_schema": c.model.schema_version, "model": c.config.to_json(),
-               "path": str(c.path), "training": c.manifest.get("training") or {}} for c in members]
+               "path": str(c.path),
+               # the columns cut at load are saved as zeros: say so, or a reload could not tell
+               "training": {**(c.manifest.get("training") or {}), "untrained_inputs": list(c.model.untrained_inputs)}}
+              for c in members]
     # the first member's training record: the decoder's settings (busy pools, premium guards)
     return _write(path, name, tensors, newest.model, members[0].manifest.get("training"), evaluation,
                   {"members": listed, **({"ensemble_command": command} if command else {})},
@@ -270,8 +274,14 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
             f"{wpath}: parameters do not match the model {config}: missing {missing}, unexpected"
             f" {extra}, wrong shape {wrong}"
         )
-    for p, m in zip(prefixes, models, strict=True):
+    records = ([m.get("training") for m in manifest["members"]] if members else [manifest.get("training")])
+    for p, m, training in zip(prefixes, models, records, strict=True):
         m.load_state_dict({k[len(p):]: v for k, v in tensors.items() if k.startswith(p)})
+        untrained = untrained_inputs_of(m, training)
+        if untrained:  # read as in training (0), whatever production sends (policy/inputs.py)
+            cut_inputs(m, untrained)
+            log.info("checkpoint %s%s: inputs it never learned from, read as 0: %s", path,
+                     f" member {p[:-1]}" if p else "", ", ".join(untrained))
         m.to(device)
         m.eval()
     log.info("loaded checkpoint %s (%s)", path, manifest["version"])

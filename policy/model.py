@@ -338,6 +338,8 @@ class PlacementGNN(nn.Module):
             raise CheckpointError(f"feature schema version {schema_version!r}: this code reads {sorted(READY_COLUMNS)}")
         #: the feature schema the model was built for; it reads that schema's ready columns
         self.schema_version = schema_version
+        #: input columns cut off because training never moved their weights (policy/inputs.py)
+        self.untrained_inputs: tuple[str, ...] = ()
         h = self.config.hidden
         self.task_in = nn.Linear(F_TASK, h)
         self.convs = nn.ModuleList([SAGEConv(h, h, aggr="max") for _ in range(self.config.layers)])

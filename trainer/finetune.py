@@ -52,6 +52,7 @@ from policy.catalogue import load_catalogue
 from policy.checkpoint import load_checkpoint, save_checkpoint, save_ensemble
 from policy.errors import CheckpointError
 from policy.gnn import cp_gate_of, cp_gate_scope_of, premium_ratio_of, reserve_busy_of
+from policy.inputs import untrained_since
 from policy.registry import ModelRegistry, ServingCheckpoint, activate, activation_lock, checkpoint_sha256
 from policy.replay import read_replay
 from trainer.train import (
@@ -188,11 +189,13 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
                              "reserve_busy": args.reserve_busy, "premium_ratio": args.premium_ratio,
                              "cp_gate": args.cp_gate, "cp_gate_scope": args.cp_gate_scope}
         model_dir = out / "checkpoint"
+        records = [{**training_manifest, "untrained_inputs": untrained_since(m, parent, parent)}
+                   for m, parent in zip(candidates, incumbent_models, strict=True)]
         if len(candidates) == 1:
-            save_checkpoint(candidates[0], model_dir, training=training_manifest, evaluation={"finetune": scores})
+            save_checkpoint(candidates[0], model_dir, training=records[0], evaluation={"finetune": scores})
         else:  # each member is saved as one model, then the ensemble of them
-            members = [load_checkpoint(save_checkpoint(m, out / "members" / f"m{i}", training=training_manifest).parent)
-                       for i, m in enumerate(candidates)]
+            members = [load_checkpoint(save_checkpoint(m, out / "members" / f"m{i}", training=record).parent)
+                       for i, (m, record) in enumerate(zip(candidates, records, strict=True))]
             save_ensemble(members, model_dir, name=str(incumbent.manifest.get("name") or "ensemble"),
                           evaluation={"finetune": scores})
         sha256 = checkpoint_sha256(model_dir)

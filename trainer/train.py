@@ -41,6 +41,7 @@ The command that reproduces the default checkpoint is stored in its ``manifest.j
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import logging
@@ -71,6 +72,7 @@ from policy.features import (
     pool_free_within,
 )
 from policy.gnn import GNNPlacer
+from policy.inputs import untrained_since
 from policy.model import ModelConfig, PlacementGNN, Step, check_row_bias_weight, collate_steps, upgraded
 from policy.placement import Placer
 from policy.schema import Decision, PlacementRequest, RunGraph
@@ -626,6 +628,7 @@ def train(args: Args) -> dict[str, Any]:
     if args.row_bias:  # a new model's, or one given to --init's model (which keeps its other weights)
         model = model.with_row_bias(args.row_bias_init)
         model.row_k.requires_grad_(not args.row_bias_fixed)
+    initial = copy.deepcopy(model)  # which inputs training never moves (policy/inputs.py)
     global_step, train_s = imitate(model, settings, catalogue, args, rng, record, t_start)
     rl: dict[str, Any] = {}
     if args.rl_iters:
@@ -644,6 +647,7 @@ def train(args: Args) -> dict[str, Any]:
                 "teacher_scores": {s.name: s.scores for s in settings}, "init_version": init_version, **rl,
                 "train_wall_s": round(train_s, 1),
                 "total_wall_s": round(wall, 1), "machine": f"{torch.get_num_threads()} torch threads, CPU",
+                "untrained_inputs": untrained_since(model, initial, ckpt.model if ckpt is not None else None),
                 "command": "drl-trainer train " + " ".join(_flags(args))}
     save_checkpoint(model, out, training=training, evaluation=evaluation)
     logf.close()

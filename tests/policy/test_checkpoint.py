@@ -27,15 +27,17 @@ DEFAULT = ROOT / "policy" / "checkpoints" / "default"
 @pytest.fixture()
 def ckpt(tmp_path: Path) -> Path:
     torch.manual_seed(1)
+    # (an untrained model: without the record's empty list every input would count as never
+    # trained, and be cut at load: policy/inputs.py)
     save_checkpoint(PlacementGNN(ModelConfig(hidden=16, layers=2)), tmp_path / "c",
-                    training={"seed": 1}, evaluation={"jct_ratio": 1.0})
+                    training={"seed": 1, "untrained_inputs": []}, evaluation={"jct_ratio": 1.0})
     return tmp_path / "c"
 
 
 def test_round_trip(ckpt: Path) -> None:
     loaded = load_checkpoint(ckpt)
     assert loaded.config == ModelConfig(hidden=16, layers=2)
-    assert loaded.manifest["training"] == {"seed": 1}
+    assert loaded.manifest["training"] == {"seed": 1, "untrained_inputs": []}
     assert loaded.manifest["feature_schema"] == feature_schema()
     torch.manual_seed(1)
     fresh = PlacementGNN(ModelConfig(hidden=16, layers=2))
@@ -189,7 +191,8 @@ def _ensemble(tmp_path: Path) -> tuple[Path, list[PlacementGNN]]:
     for i, (hidden, schema) in enumerate([(16, max(READY_COLUMNS)), (8, 4)]):
         torch.manual_seed(i)
         models.append(PlacementGNN(ModelConfig(hidden=hidden, layers=2), schema))
-        save_checkpoint(models[-1], tmp_path / f"m{i}", training={"seed": i, "reserve_busy": i == 0})
+        save_checkpoint(models[-1], tmp_path / f"m{i}", training={"seed": i, "reserve_busy": i == 0,
+                                                                   "untrained_inputs": []})
     save_ensemble([load_checkpoint(tmp_path / f"m{i}") for i in range(2)], tmp_path / "ens", name="vote")
     return tmp_path / "ens", models
 

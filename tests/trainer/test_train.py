@@ -108,6 +108,11 @@ def test_cli_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
     assert "--feature-schema 4" in training["command"]
     assert training["teachers"] == {"mlpipeline": "srpt+eft"}
     assert "drl" in placer.manifest["evaluation"]["heldout"]["etl"]
+    # no failed tries, GPU requests or pins in the lab's streams: those inputs never trained, and
+    # the checkpoint says so (policy/inputs.py); the model loads with them cut off
+    assert {"ready.retry", "task.pinned", "pair.pinned_here"} <= set(training["untrained_inputs"])
+    assert "ready.run_done_frac" not in training["untrained_inputs"]
+    assert placer.model.untrained_inputs == tuple(training["untrained_inputs"])
     assert (tmp_path / "ckpt" / "log.jsonl").read_text().count("losses/loss") == 2
     # the same scalars as TensorBoard event files (tensorboardX is in the trainer extra)
     events = list((tmp_path / "ckpt" / "tb").glob("events.out.tfevents.*"))
