@@ -34,7 +34,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from airflow_drl_executor import traces
 from airflow_drl_executor.client import PlacementClient, PlacementUnavailable
 from airflow_drl_executor.config import ExecutorConfig
-from airflow_drl_executor.graph_builder import GraphBuilder, ReadyInstance, drl_hints, lenient_node
+from airflow_drl_executor.graph_builder import GraphBuilder, ReadyInstance, drl_hints, lenient_node, node_id
 from airflow_drl_executor.ledger import Ledger
 from airflow_drl_executor.liveness import PoolWatch, celery_inspector
 from policy.catalogue import Catalogue, load_catalogue
@@ -256,8 +256,8 @@ class DRLExecutor(CeleryExecutor):
         held: dict[tuple[str, str], float] = {}
         for inst, w in zip(ready, tasks, strict=True):
             since = self._held_since.get(self._key(w))
-            if since is not None:  # mapped instances share one node: the longest held of them
-                key = (inst.run_key, inst.task_id)
+            if since is not None:
+                key = (inst.run_key, inst.node)
                 held[key] = max(held.get(key, 0.0), now - since)
         return [replace(t, held_s=held[t.key]) if t.key in held else t for t in ready_tasks]
 
@@ -273,7 +273,7 @@ class DRLExecutor(CeleryExecutor):
         self.ledger.keep(self.running)  # revoked, adopted or lost: not in flight here
         ready = [
             ReadyInstance(
-                dag_id=w.ti.dag_id, run_id=w.ti.run_id, task_id=w.ti.task_id,
+                dag_id=w.ti.dag_id, run_id=w.ti.run_id, task_id=w.ti.task_id, map_index=_map_index(w.ti),
                 try_number=w.ti.try_number, dag_version_id=str(w.ti.dag_version_id),
             )
             for w in tasks
@@ -312,7 +312,7 @@ class DRLExecutor(CeleryExecutor):
                              request_id, "; ".join(f"{k}: {v}" for k, v in failed.items()))
         alone = [(inst, w, f"fallback: cannot build the graph of its run: {failed[inst.run_key]}"
                   if inst.run_key in failed else unplaced)
-                 for inst, w in zip(ready, tasks, strict=True) if (inst.run_key, inst.task_id) not in asked]
+                 for inst, w in zip(ready, tasks, strict=True) if (inst.run_key, inst.node) not in asked]
         stand_ins: dict[tuple[str, str], TaskNode] = {}
         if alone:
             own, stand_ins = self._place_alone(alone, pools)
@@ -331,7 +331,7 @@ class DRLExecutor(CeleryExecutor):
         placed: list[Any] = []
         for inst, w in zip(ready, tasks, strict=True):
             key = self._key(w)
-            decision = decisions.get((inst.run_key, inst.task_id))
+            decision = decisions.get((inst.run_key, inst.node))
             waited = now - self._held_since.get(key, now)
             if budget is not None and len(placed) >= budget:
                 if decision is None:  # the policy waits: its clock runs as for any held task
@@ -343,18 +343,18 @@ class DRLExecutor(CeleryExecutor):
                     self._held_since.setdefault(key, now)
                     held.add(id(w))
                     continue
-                decision = self._fallback([ReadyTask(inst.run_key, inst.task_id)], pools, graphs,
+                decision = self._fallback([ReadyTask(inst.run_key, inst.node)], pools, graphs,
                                           f"waited {waited:.0f}s for a better pool, placing now"
-                                          )[(inst.run_key, inst.task_id)]
-                decision = _noting(decision, ignored.get((inst.run_key, inst.task_id)))
+                                          )[(inst.run_key, inst.node)]
+                decision = _noting(decision, ignored.get((inst.run_key, inst.node)))
             self._held_since.pop(key, None)
             placed.append(w)
             w.ti.queue = decision.pool
             graph = graphs.get(inst.run_key)
             features: dict[str, Any] = {}
-            at = view(graph).index.get(inst.task_id) if graph is not None else None
+            at = view(graph).index.get(inst.node) if graph is not None else None
             node = graph.tasks[at] if graph is not None and at is not None else stand_ins.get(
-                (inst.run_key, inst.task_id))
+                (inst.run_key, inst.node))
             if node is not None:
                 features = node.to_json()
             pool_state = next((p for p in pools if p.name == decision.pool), None)
@@ -364,14 +364,14 @@ class DRLExecutor(CeleryExecutor):
                                 self.ledger.expected_start(decision.pool, pool_state.slots, clock))
             records.append((key, traces.PlacementRecord(
                 ti_id=str(w.ti.id), dag_id=inst.dag_id, run_id=inst.run_id, task_id=inst.task_id,
-                map_index=int(w.ti.map_index if w.ti.map_index is not None else -1),
+                map_index=inst.map_index,
                 try_number=inst.try_number, pool=decision.pool, vm_class=decision.vm_class,
                 score=decision.score, reason=decision.reason, fallback=decision.fallback,
                 policy=policy, policy_version=version, request_id=request_id,
                 decision_ms=decision_ms, features=features, waited_s=waited,
             )))
             self.log.info(
-                "placed %s/%s/%s try %d on %s (%s)%s: %s", inst.dag_id, inst.run_id, inst.task_id,
+                "placed %s/%s/%s try %d on %s (%s)%s: %s", inst.dag_id, inst.run_id, inst.node,
                 inst.try_number, decision.pool, decision.vm_class, " [fallback]" if decision.fallback else "",
                 decision.reason,
             )
@@ -384,8 +384,8 @@ class DRLExecutor(CeleryExecutor):
     def _not_sent(self) -> set[tuple[str, str]]:
         """(run key, task id) of every task queued to this executor and not sent to Celery (held,
         or not offered for want of a slot): not running, as in the simulator the policy learnt in."""
-        return {(f"{w.ti.dag_id}/{w.ti.run_id}", w.ti.task_id) for w in self.queued_tasks.values()
-                if getattr(w, "ti", None) is not None}
+        return {(f"{w.ti.dag_id}/{w.ti.run_id}", node_id(w.ti.task_id, _map_index(w.ti)))
+                for w in self.queued_tasks.values() if getattr(w, "ti", None) is not None}
 
     def _place_alone(self, alone: Sequence[tuple[ReadyInstance, Any, str]], pools: tuple[PoolState, ...]
                      ) -> tuple[dict[tuple[str, str], Decision], dict[tuple[str, str], TaskNode]]:
@@ -396,11 +396,11 @@ class DRLExecutor(CeleryExecutor):
         nodes: dict[tuple[str, str], TaskNode] = {}
         why: dict[tuple[str, str], str] = {}
         for inst, w, reason in alone:
-            key = (inst.run_key, inst.task_id)
-            if key in nodes:  # mapped instances share one node
+            key = (inst.run_key, inst.node)
+            if key in nodes:
                 continue
             nodes[key], wrong = lenient_node(
-                inst.task_id, drl_hints(getattr(w.ti, "executor_config", None)), str(w.ti.queue),
+                inst.node, drl_hints(getattr(w.ti, "executor_config", None)), str(w.ti.queue),
                 float(getattr(w.ti, "priority_weight", 1) or 1), duration_s=self.drl_config.default_duration_s,
                 pool_names=self.catalogue.names, default_queue=self.default_queue)
             why[key] = reason + "".join(f"; ignored: {p}" for p in wrong)
@@ -484,6 +484,12 @@ class DRLExecutor(CeleryExecutor):
                 traces.write(conn, rows)
         except SQLAlchemyError as exc:
             self.log.error("DRLExecutor: lost %d placement trace(s): %s", len(rows), exc)
+
+
+def _map_index(ti: Any) -> int:
+    """A task instance's map index (-1: not mapped)."""
+    m = getattr(ti, "map_index", None)
+    return -1 if m is None else int(m)
 
 
 def _with_celery_id(rec: traces.PlacementRecord, celery_id: str) -> traces.PlacementRecord:

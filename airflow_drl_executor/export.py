@@ -12,9 +12,9 @@ its placement; a task never placed (skipped, or its run ended first) is built fr
 ``executor_config["drl"]`` hints by :func:`~airflow_drl_executor.graph_builder.lenient_node` (less
 the invalid ones, as the executor sent it), with
 ``default_duration_s`` when it declares no duration (the export reads no duration history). As
-in the graph builder, the instances of a mapped task are one node; its observed duration is the
-longest of its instances' (the last try of each map index that succeeded): its downstream tasks
-wait for the last instance.
+in the graph builder, an expanded mapped task is one node per instance (``task_id[map_index]``,
+the task's edges), each with its own observed duration (its last successful try), or the
+longest of its task's instances' when it has none.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import DateTime, bindparam, text
 
-from airflow_drl_executor.graph_builder import GraphBuilder, lenient_node
+from airflow_drl_executor.graph_builder import GraphBuilder, expand_mapped, lenient_node, node_id
 from policy.catalogue import Catalogue, VMClass
 from policy.errors import PolicyError
 from policy.replay import ReplayRun
@@ -93,14 +93,15 @@ def _graph(run_key: str, rows: Sequence[dict[str, Any]], builder: GraphBuilder, 
     instances = {(r["task_id"], r["map_index"]): r for r in rows}  # each instance's last try
     observed: dict[str, list[tuple[str, float]]] = defaultdict(list)  # (pool, seconds) of successful runs
     for (task_id, _), r in instances.items():
-        if str(r["state"]) == "success" and r["start_date"] and r["end_date"] and r["pool"] in vms:
-            observed[task_id].append((r["pool"], max((r["end_date"] - r["start_date"]).total_seconds(), 0.001)))
+        seconds = _seconds(r)
+        if seconds is not None and r["pool"] in vms:
+            observed[task_id].append((r["pool"], seconds))
     nodes = []
     for task_id, hints, queue, weight in zip(structure.task_ids, structure.hints, structure.queues,
                                              structure.weights, strict=True):
         rec = placed.get(task_id)
-        if rec is not None and rec["features"] != "{}":
-            node = TaskNode.from_json(json.loads(rec["features"]))
+        if rec is not None and rec["features"] != "{}":  # (an instance's node: named for the task here)
+            node = replace(TaskNode.from_json(json.loads(rec["features"])), task_id=task_id)
         else:  # never placed (or placed outside the graph): what the graph builder would send
             node, _ = lenient_node(task_id, hints, queue, weight, duration_s=builder.default_duration_s,
                                    pool_names=builder.pool_names, default_queue=builder.default_queue)
@@ -108,7 +109,25 @@ def _graph(run_key: str, rows: Sequence[dict[str, Any]], builder: GraphBuilder, 
             node = replace(node, duration_s=max(
                 s * vms[pool].speed_for(node.kind) for pool, s in observed[task_id]))
         nodes.append(node)
-    return RunGraph(run_key=run_key, tasks=tuple(nodes), edges=structure.edges)
+    # a mapped task's instances as the graph builder sent them, each with its own observed time
+    expansion = {t: tuple(sorted(m for (t2, m) in instances if t2 == t and m >= 0))
+                 for t in {t for (t, m) in instances if m >= 0}}
+    kinds = {n.task_id: n.kind for n in nodes}
+    own: dict[str, float] = {}
+    for (task_id, m), r in instances.items():
+        seconds = _seconds(r)
+        if m >= 0 and seconds is not None and r["pool"] in vms:
+            own[node_id(task_id, m)] = seconds * vms[r["pool"]].speed_for(kinds.get(task_id, "default"))
+    tasks, edges = expand_mapped(nodes, structure.edges, expansion)
+    tasks = tuple(replace(n, duration_s=own[n.task_id]) if n.task_id in own else n for n in tasks)
+    return RunGraph(run_key=run_key, tasks=tasks, edges=edges)
+
+
+def _seconds(r: Mapping[str, Any]) -> float | None:
+    """A successful try's wall time, seconds."""
+    if str(r["state"]) == "success" and r["start_date"] and r["end_date"]:
+        return max((r["end_date"] - r["start_date"]).total_seconds(), 0.001)
+    return None
 
 
 def _tagged_dags(session: Session, tag: str) -> set[str]:

@@ -5,7 +5,11 @@ the serialized DAG of each task instance's ``dag_version_id`` (cached per versio
 durations from the successful task instances of the DAG's latest ``HISTORY_RUNS`` runs, brought back
 to speed 1 by the speed of the pool each ran on (cached per DAG for ``history_ttl_s``; a task with
 history takes it over its ``duration_s`` hint), hints from the task's ``executor_config={"drl": {...}}``, and progress
-from the run's task instance states. Mapped task instances of one task share one graph node (and one placement).
+from the run's task instance states. A mapped task, once expanded, is one node per instance
+(``task_id[map_index]``, each with the task's hints and expected duration, and its task's edges:
+every instance of an upstream task before every instance of a downstream one, or index by index
+where two mapped tasks would make more than ``MAX_CROSS_EDGES`` edges), so each instance is
+placed on its own, as the simulator's parallel tasks are.
 
 Task hints (all optional)::
 
@@ -44,6 +48,14 @@ HISTORY_RUNS = 20
 MAX_VERSIONS = 2048
 #: task nodes of the run graphs kept between heartbeats (~300 B each)
 MAX_CACHED_NODES = 200_000
+#: an edge between two mapped tasks joins every pair of their instances up to this many edges
+MAX_CROSS_EDGES = 4096
+
+
+def node_id(task_id: str, map_index: int = -1) -> str:
+    """The graph node of a task instance: the task id, or ``task_id[map_index]`` for an
+    instance of an expanded mapped task."""
+    return task_id if map_index < 0 else f"{task_id}[{map_index}]"
 
 
 @dataclass(frozen=True)
@@ -55,10 +67,16 @@ class ReadyInstance:
     task_id: str
     try_number: int
     dag_version_id: str
+    map_index: int = -1
 
     @property
     def run_key(self) -> str:
         return f"{self.dag_id}/{self.run_id}"
+
+    @property
+    def node(self) -> str:
+        """Its node in the run's graph (:func:`node_id`)."""
+        return node_id(self.task_id, self.map_index)
 
 
 @dataclass(frozen=True)
@@ -142,8 +160,8 @@ class GraphBuilder:
         self.history_ttl_s = history_ttl_s
         self._structures: LRU[str, _Structure] = LRU(MAX_VERSIONS)
         self._history: LRU[str, tuple[float, dict[str, list[tuple[str, float, int]]]]] = LRU(MAX_VERSIONS)
-        #: (run key, dag version) -> (built at, graph, ignored hints), oldest first
-        self._graphs: dict[tuple[str, str], tuple[float, RunGraph, Mapping[str, str]]] = {}
+        #: (run key, dag version) -> (built at, graph, ignored hints, mapped expansion), oldest first
+        self._graphs: dict[tuple[str, str], tuple[float, RunGraph, Mapping[str, str], dict[str, tuple[int, ...]]]] = {}
         self._cached_nodes = 0
 
     def build(self, ready: Sequence[ReadyInstance], session: Session,
@@ -163,20 +181,22 @@ class GraphBuilder:
         for inst in ready:
             if inst.run_key not in newest or inst.dag_version_id > newest[inst.run_key].dag_version_id:
                 newest[inst.run_key] = inst
+        rows = self._ti_rows({(i.dag_id, i.run_id) for i in ready}, session)
+        expansions = _expansions(rows)
         for run_key, inst in newest.items():
             try:
-                graphs[run_key], problems[run_key] = self._graph(inst, session)
+                graphs[run_key], problems[run_key] = self._graph(inst, session, expansions.get(run_key, {}))
             except PolicyError as exc:
                 failed[run_key] = str(exc)
         for inst in ready:
-            if inst.run_key in failed or inst.task_id not in view(graphs[inst.run_key]).index:
+            if inst.run_key in failed or inst.node not in view(graphs[inst.run_key]).index:
                 continue  # not in that version: the executor places it itself (no ReadyTask)
-            key = (inst.run_key, inst.task_id)
+            key = (inst.run_key, inst.node)
             if inst.task_id in problems[inst.run_key]:
                 ignored[key] = problems[inst.run_key][inst.task_id]
-            if key not in tasks:  # mapped instances share one node
-                tasks[key] = ReadyTask(run_key=inst.run_key, task_id=inst.task_id, try_number=inst.try_number)
-        progress = self._progress({(i.dag_id, i.run_id) for i in ready}, session)
+            if key not in tasks:
+                tasks[key] = ReadyTask(run_key=inst.run_key, task_id=inst.node, try_number=inst.try_number)
+        progress = _progress(rows, self._run_ages({(i.dag_id, i.run_id) for i in ready}, session))
         # The ready tasks, and the others queued to the executor and not sent to Celery (``not_sent``:
         # held, or not offered for want of a slot), are "queued" in the database but not
         # dispatched yet: not running, as in the simulator the policy was trained in.
@@ -190,12 +210,15 @@ class GraphBuilder:
 
     # --- structure, history, progress --------------------------------------------------------
 
-    def _graph(self, inst: ReadyInstance, session: Session) -> tuple[RunGraph, Mapping[str, str]]:
-        """The run's graph, and the hints of its tasks that were ignored (task id -> why)."""
+    def _graph(self, inst: ReadyInstance, session: Session, expansion: Mapping[str, tuple[int, ...]] | None = None
+               ) -> tuple[RunGraph, Mapping[str, str]]:
+        """The run's graph, with its mapped tasks expanded as ``expansion`` says (task id -> map
+        indexes), and the hints of its tasks that were ignored (task id -> why)."""
         now = time.monotonic()
+        expansion = dict(expansion or {})
         cache_key = (inst.run_key, inst.dag_version_id)
         cached = self._graphs.get(cache_key)
-        if cached is not None and now - cached[0] < self.history_ttl_s:
+        if cached is not None and now - cached[0] < self.history_ttl_s and cached[3] == expansion:
             return cached[1], cached[2]
         structure = self.structure(inst.dag_version_id, session)
         durations = self._durations(inst.dag_id, session)
@@ -212,12 +235,13 @@ class GraphBuilder:
         if problems and cached is None:
             log.warning("DRLExecutor: %s: invalid executor_config hints ignored: %s", inst.run_key,
                         "; ".join(problems.values()))
-        graph = RunGraph(run_key=inst.run_key, tasks=tuple(nodes), edges=structure.edges)
+        tasks, edges = expand_mapped(nodes, structure.edges, expansion)
+        graph = RunGraph(run_key=inst.run_key, tasks=tasks, edges=edges)
         if cached is not None:
             self._cached_nodes -= len(cached[1].tasks)
             del self._graphs[cache_key]  # re-inserted: newest
-        self._graphs[cache_key] = (now, graph, problems)
-        self._cached_nodes += len(nodes)
+        self._graphs[cache_key] = (now, graph, problems, expansion)
+        self._cached_nodes += len(tasks)
         return graph, problems
 
     def structure(self, version_id: str, session: Session) -> _Structure:
@@ -313,40 +337,35 @@ class GraphBuilder:
                     out[_uuid_text(ti_id)] = aware.timestamp()
         return out
 
-    def _progress(self, runs: set[tuple[str, str]], session: Session) -> list[RunProgress]:
-        from airflow.models.dagrun import DagRun
+    def _ti_rows(self, runs: set[tuple[str, str]], session: Session) -> list[tuple[str, str, int, str]]:
+        """``(run key, task id, map index, state)`` of every task instance of these runs."""
         from airflow.models.taskinstance import TaskInstance
         from sqlalchemy import and_, or_, select
 
         if not runs:
             return []
-        ti_rows = session.execute(
-            select(TaskInstance.dag_id, TaskInstance.run_id, TaskInstance.task_id, TaskInstance.state)
+        rows = session.execute(
+            select(TaskInstance.dag_id, TaskInstance.run_id, TaskInstance.task_id, TaskInstance.map_index,
+                   TaskInstance.state)
             .where(or_(*(and_(TaskInstance.dag_id == d, TaskInstance.run_id == r) for d, r in runs)))
         ).all()
+        return [(f"{d}/{r}", str(t), -1 if m is None else int(m),
+                 str(state.value if hasattr(state, "value") else state) if state else "")
+                for d, r, t, m, state in rows]
+
+    def _run_ages(self, runs: set[tuple[str, str]], session: Session) -> dict[str, float]:
+        """Seconds since each run started (0 for a run not started)."""
+        from airflow.models.dagrun import DagRun
+        from sqlalchemy import and_, or_, select
+
+        if not runs:
+            return {}
         run_rows = session.execute(
             select(DagRun.dag_id, DagRun.run_id, DagRun.start_date)
             .where(or_(*(and_(DagRun.dag_id == d, DagRun.run_id == r) for d, r in runs)))
         ).all()
-        finished: dict[str, set[str]] = {f"{d}/{r}": set() for d, r in runs}
-        running: dict[str, set[str]] = {f"{d}/{r}": set() for d, r in runs}
-        # A mapped task has one row per instance: it is finished when every instance is, and
-        # running while any is.
-        states: dict[tuple[str, str], set[str]] = {}
-        for dag_id, run_id, task_id, state in ti_rows:
-            text = str(state.value if hasattr(state, "value") else state) if state else ""
-            states.setdefault((f"{dag_id}/{run_id}", task_id), set()).add(text)
-        for (key, task_id), seen in states.items():
-            if seen <= FINISHED_STATES:
-                finished[key].add(task_id)
-            elif seen & RUNNING_STATES:
-                running[key].add(task_id)
-        ages = {f"{d}/{r}": (time.time() - start.timestamp()) if start else 0.0 for d, r, start in run_rows}
-        return [
-            RunProgress(run_key=key, finished=tuple(sorted(finished[key])),
-                        running=tuple(sorted(running[key] - finished[key])), age_s=max(ages.get(key, 0.0), 0.0))
-            for key in sorted(finished)
-        ]
+        ages = {f"{d}/{r}": max(time.time() - start.timestamp(), 0.0) if start else 0.0 for d, r, start in run_rows}
+        return {f"{d}/{r}": ages.get(f"{d}/{r}", 0.0) for d, r in runs}
 
     def _evict(self, active: set[str]) -> None:
         """Drop the oldest graphs of runs not in this batch while the cache holds more than
@@ -362,3 +381,60 @@ class GraphBuilder:
 def _uuid_text(value: object) -> str:
     """A task instance id as ``str(uuid)`` writes it, whatever type the database gave it back."""
     return str(value if isinstance(value, uuid.UUID) else uuid.UUID(str(value)))
+
+
+def _expansions(rows: Iterable[tuple[str, str, int, str]]) -> dict[str, dict[str, tuple[int, ...]]]:
+    """Run key -> task id -> the map indexes of each expanded mapped task."""
+    found: dict[str, dict[str, set[int]]] = {}
+    for run_key, task_id, map_index, _ in rows:
+        if map_index >= 0:
+            found.setdefault(run_key, {}).setdefault(task_id, set()).add(map_index)
+    return {k: {t: tuple(sorted(m)) for t, m in v.items()} for k, v in found.items()}
+
+
+def expand_mapped(nodes: Sequence[TaskNode], edges: Sequence[tuple[int, int]], expansion: Mapping[str, tuple[int, ...]]
+            ) -> tuple[tuple[TaskNode, ...], tuple[tuple[int, int], ...]]:
+    """``nodes`` with each expanded mapped task replaced by one node per instance, and ``edges``
+    between them (see the module docstring)."""
+    if not expansion:
+        return tuple(nodes), tuple(edges)
+    out: list[TaskNode] = []
+    at: list[list[int]] = []
+    for node in nodes:
+        indexes = expansion.get(node.task_id)
+        if indexes:
+            at.append(list(range(len(out), len(out) + len(indexes))))
+            out.extend(replace(node, task_id=node_id(node.task_id, m)) for m in indexes)
+        else:
+            at.append([len(out)])
+            out.append(node)
+    new_edges: set[tuple[int, int]] = set()
+    for u, v in edges:
+        us, vs = at[u], at[v]
+        if len(us) * len(vs) <= MAX_CROSS_EDGES or len(us) == 1 or len(vs) == 1:
+            new_edges.update((a, b) for a in us for b in vs)
+        else:  # two wide mapped tasks: instance k before instance k (as a mapped task group runs)
+            longer = max(len(us), len(vs))
+            new_edges.update((us[k % len(us)], vs[k % len(vs)]) for k in range(longer))
+    return tuple(out), tuple(sorted(new_edges))
+
+
+def _progress(rows: Iterable[tuple[str, str, int, str]], ages: Mapping[str, float]) -> list[RunProgress]:
+    """Each run's finished and running nodes (an expanded mapped task's instances one by one;
+    its unexpanded row, map index -1, stands for the task until it expands)."""
+    rows = list(rows)
+    expanded = {(run_key, task_id) for run_key, task_id, m, _ in rows if m >= 0}
+    finished: dict[str, set[str]] = {key: set() for key in ages}
+    running: dict[str, set[str]] = {key: set() for key in ages}
+    for run_key, task_id, map_index, state in rows:
+        if run_key not in finished or (map_index < 0 and (run_key, task_id) in expanded):
+            continue
+        node = node_id(task_id, map_index)
+        if state in FINISHED_STATES:
+            finished[run_key].add(node)
+        elif state in RUNNING_STATES:
+            running[run_key].add(node)
+    return [RunProgress(run_key=key, finished=tuple(sorted(finished[key])),
+                        running=tuple(sorted(running[key] - finished[key])), age_s=ages[key])
+            for key in sorted(finished)]
+

@@ -147,7 +147,8 @@ def test_one_run_with_two_dag_versions_in_a_batch(monkeypatch: pytest.MonkeyPatc
     structures = {v1: _structure("a", "b", "old"), v2: _structure("a", "b", "new")}
     monkeypatch.setattr(ex.graph_builder, "structure", lambda vid, session: structures[vid])
     monkeypatch.setattr(ex.graph_builder, "_durations", lambda dag_id, session: {})
-    monkeypatch.setattr(ex.graph_builder, "_progress", lambda runs, session: [])
+    monkeypatch.setattr(ex.graph_builder, "_ti_rows", lambda runs, session: [])
+    monkeypatch.setattr(ex.graph_builder, "_run_ages", lambda runs, session: {})
     monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
     ex._client = FakeClient(_reply({"b": "cpu-large", "new": "gpu"}))  # type: ignore[assignment]
     b, new, old = _workload("b"), _workload("new"), _workload("old")
@@ -179,7 +180,8 @@ def test_a_bad_hint_or_a_missing_dag_costs_only_that_task_or_run(monkeypatch: py
         return typo
     monkeypatch.setattr(ex.graph_builder, "structure", structure)
     monkeypatch.setattr(ex.graph_builder, "_durations", lambda dag_id, session: {})
-    monkeypatch.setattr(ex.graph_builder, "_progress", lambda runs, session: [])
+    monkeypatch.setattr(ex.graph_builder, "_ti_rows", lambda runs, session: [])
+    monkeypatch.setattr(ex.graph_builder, "_run_ages", lambda runs, session: {})
     monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
     ex._client = FakeClient(_reply({"a": "cpu-large", "b": "cpu-small"}))  # type: ignore[assignment]
     a, b = _workload("a"), _workload("b")
@@ -393,3 +395,24 @@ def test_with_ha_schedulers_the_pools_count_every_schedulers_running_tasks(
     executor._place([_workload("a"), _workload("b")])
     gpu = next(p for p in executor._client.requests[-1].pools if p.name == "gpu")
     assert gpu.busy == 2, "the request saw the other scheduler's two GPU tasks"
+
+
+def test_each_instance_of_a_mapped_task_is_placed_on_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """was: every instance of a mapped task took the one decision made for the task"""
+    ex = DRLExecutor()
+    mapped = RunGraph(RUN, (TaskNode("m[0]", duration_s=10), TaskNode("m[1]", duration_s=10)), ())
+    asked: list[list[str]] = []
+
+    def build(ready, session, not_sent=()):  # type: ignore[no-untyped-def]
+        asked.append([r.node for r in ready])
+        return Batch({RUN: mapped}, [], [ReadyTask(RUN, r.node) for r in ready])
+    monkeypatch.setattr(ex.graph_builder, "build", build)
+    monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
+    ex._client = FakeClient(_reply({"m[0]": "gpu", "m[1]": "cpu-small"}))  # type: ignore[assignment]
+    first, second = _workload("m"), _workload("m")
+    first.ti.map_index, second.ti.map_index = 0, 1
+    second.ti.key = ("etl", "m", "run1", 1, 1)
+    records, held = ex._place([first, second])
+    assert asked == [["m[0]", "m[1]"]] and not held
+    assert (first.ti.queue, second.ti.queue) == ("gpu", "cpu-small")
+    assert [(r.task_id, r.map_index, r.pool) for _, r in records] == [("m", 0, "gpu"), ("m", 1, "cpu-small")]

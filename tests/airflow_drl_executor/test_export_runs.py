@@ -89,9 +89,10 @@ def test_an_unplaced_task_carries_its_declared_hints(session: Session) -> None:
     assert [t.task_id for t in run.graph.tasks] == list(STRUCTURE.task_ids) and run.graph.edges == STRUCTURE.edges
 
 
-def test_a_mapped_task_is_one_node_lasting_as_long_as_its_longest_instance(session: Session) -> None:
-    """As in the graph builder (one node and one placement per mapped task); was: the duration of
-    whichever instance was placed last."""
+def test_a_mapped_task_is_one_node_per_instance_with_its_own_duration(session: Session) -> None:
+    """As the graph builder sends it (one node and one placement per instance: ``mapped[i]``, the
+    task's edges); an instance without a successful try lasts as long as its task's longest.
+    was: one node lasting as long as the longest instance"""
     _ran(session, "extract", "cpu-small", 10.0)
     _ran(session, "mapped", "cpu-small", 12.0, map_index=0)
     _ran(session, "mapped", "cpu-large", 20.0, map_index=1)  # speed 2.0: 40 s at speed 1
@@ -99,8 +100,11 @@ def test_a_mapped_task_is_one_node_lasting_as_long_as_its_longest_instance(sessi
     _ran(session, "mapped", "cpu-small", 99.0, map_index=3, state="failed")  # no observed duration
     _ran(session, "train", "gpu", 2.0)  # gpu_train on gpu: speed 1.5 x affinity 8
     nodes, run = _export(session)
-    assert len(run.graph.tasks) == 4 and nodes["mapped"].duration_s == pytest.approx(40.0)
+    assert [t.task_id for t in run.graph.tasks] == ["extract", "mapped[0]", "mapped[1]", "mapped[2]", "mapped[3]",
+                                                    "report", "train"]
+    assert [nodes[f"mapped[{i}]"].duration_s for i in range(4)] == pytest.approx([12.0, 40.0, 30.0, 40.0])
     assert nodes["train"].duration_s == pytest.approx(24.0)
+    assert sorted(run.graph.edges) == sorted([(0, k) for k in (1, 2, 3, 4)] + [(0, 5), (0, 6)])
 
 
 def test_a_bad_hint_is_dropped_as_the_executor_dropped_it(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -36,32 +36,54 @@ def test_bad_hints_name_the_task_and_field(hints: dict, message: str) -> None:
         _node(hints)
 
 
-class _Rows:
-    def __init__(self, rows: list[tuple]) -> None:
-        self.rows = rows
-
-    def all(self) -> list[tuple]:
-        return self.rows
+def _no_db(monkeypatch: pytest.MonkeyPatch, gb: object, rows: list[tuple] = (), ages: dict | None = None) -> None:  # type: ignore[assignment]
+    """The run's task-instance rows ``(run key, task id, map index, state)`` and ages, without a DB."""
+    monkeypatch.setattr(gb, "_ti_rows", lambda runs, session: list(rows))
+    monkeypatch.setattr(gb, "_run_ages", lambda runs, session: ages if ages is not None else {})
 
 
-class _Session:
-    """Answers the two queries of ``GraphBuilder._progress``: task-instance states, then runs."""
+def test_anexpand_mappeded_mapped_task_is_one_node_per_instance() -> None:
+    """was: one node (and one decision) for every instance, finished when all were"""
+    from airflow_drl_executor.graph_builder import _progress
 
-    def __init__(self, ti_rows: list[tuple]) -> None:
-        self.answers = [ti_rows, [("etl", "r1", None)]]
+    rows = [("etl/r1", "m", 0, "success"), ("etl/r1", "m", 1, "running"), ("etl/r1", "m", 2, "queued"),
+            ("etl/r1", "m", -1, "removed"),  # an unexpanded row beside the instances: not a node
+            ("etl/r1", "done", -1, "success"), ("etl/r1", "later", -1, "")]
+    (p,) = _progress(rows, {"etl/r1": 5.0})
+    assert (p.finished, p.running, p.age_s) == (("done", "m[0]"), ("m[1]", "m[2]"), 5.0)
 
-    def execute(self, stmt: object) -> _Rows:
-        return _Rows(self.answers.pop(0))
 
-
-def test_a_mapped_task_is_finished_only_when_every_instance_is() -> None:
-    from airflow_drl_executor.graph_builder import GraphBuilder
+def test_mapped_instances_take_their_tasks_edges_hints_and_history(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_drl_executor import graph_builder as gbm
+    from airflow_drl_executor.graph_builder import GraphBuilder, ReadyInstance, _Structure, expand_mapped
 
     gb = GraphBuilder(pool_names=POOLS, default_queue="default", default_duration_s=60, history_ttl_s=300)
-    rows = [("etl", "r1", "m", "success"), ("etl", "r1", "m", "running"), ("etl", "r1", "m", "queued"),
-            ("etl", "r1", "done", "success"), ("etl", "r1", "done", "skipped"), ("etl", "r1", "later", None)]
-    (p,) = gb._progress({("etl", "r1")}, _Session(rows))  # type: ignore[arg-type]
-    assert (p.finished, p.running) == (("done",), ("m",))
+    structure = _Structure(task_ids=("a", "b", "m"), edges=((0, 2), (2, 1)), queues=("default",) * 3,
+                           weights=(1.0,) * 3, hints=({}, {}, {"cpus": 4}))
+    monkeypatch.setattr(gb, "structure", lambda vid, session: structure)
+    monkeypatch.setattr(gb, "_durations", lambda dag_id, session: {"m": [("default", 30.0, 5)]})
+    _no_db(monkeypatch, gb, [("d/r", "a", -1, "success"), ("d/r", "m", 0, "queued"), ("d/r", "m", 1, "queued"),
+                             ("d/r", "m", 2, "running"), ("d/r", "b", -1, "")], {"d/r": 1.0})
+    batch = gb.build([ReadyInstance("d", "r", "m", 1, "v", map_index=0),
+                      ReadyInstance("d", "r", "m", 1, "v", map_index=1)], None)  # type: ignore[arg-type]
+    graph = batch.graphs["d/r"]
+    ids = [t.task_id for t in graph.tasks]
+    assert ids == ["a", "b", "m[0]", "m[1]", "m[2]"]
+    assert all(t.cpus == 4 and t.duration_s == 30.0 for t in graph.tasks if t.task_id.startswith("m["))
+    assert set(graph.edges) == {(0, k) for k in (2, 3, 4)} | {(k, 1) for k in (2, 3, 4)}
+    assert [t.task_id for t in batch.ready] == ["m[0]", "m[1]"]
+    assert batch.progress[0].running == ("m[2]",), "the two ready instances are not running"
+    # the mapped task expands further: the cached graph is rebuilt
+    _no_db(monkeypatch, gb, [("d/r", "m", i, "queued") for i in range(4)], {"d/r": 1.0})
+    again = gb.build([ReadyInstance("d", "r", "m", 1, "v", map_index=3)], None)  # type: ignore[arg-type]
+    assert [t.task_id for t in again.graphs["d/r"].tasks][-1] == "m[3]"
+    # two wide mapped tasks joined index by index, not every pair
+    monkeypatch.setattr(gbm, "MAX_CROSS_EDGES", 100)
+    nodes = [gbm.TaskNode("x"), gbm.TaskNode("y")]
+    _, wide = expand_mapped(nodes, ((0, 1),), {"x": tuple(range(20)), "y": tuple(range(20))})
+    assert sorted(wide) == [(k, 20 + k) for k in range(20)]
+    _, narrow = expand_mapped(nodes, ((0, 1),), {"x": tuple(range(5)), "y": tuple(range(20))})
+    assert len(narrow) == 100
 
 
 def test_durations_are_the_mean_of_the_dags_latest_runs_only() -> None:
@@ -107,7 +129,7 @@ def test_observed_durations_are_brought_back_to_speed_one_and_replace_the_hint(
     history = {"train": [("gpu", 2.0, 3), ("cpu-small", 24.0, 1)], "etl": [("cpu-large", 10.0, 1), ("default", 5.0, 1)]}
     monkeypatch.setattr(gb, "structure", lambda vid, session: structure)
     monkeypatch.setattr(gb, "_durations", lambda dag_id, session: history)
-    monkeypatch.setattr(gb, "_progress", lambda runs, session: [])
+    _no_db(monkeypatch, gb)
     graph = gb.build([ReadyInstance("d", "r", "etl", 1, "v")], None).graphs["d/r"]  # type: ignore[arg-type]
     nodes = {t.task_id: t for t in graph.tasks}
     assert nodes["train"].duration_s == pytest.approx((3 * 2.0 * 1.5 * 8 + 24.0) / 4)
@@ -127,7 +149,7 @@ def test_the_graph_cache_is_bounded_in_nodes_and_keeps_the_batchs_runs(monkeypat
                      weights=tuple(1.0 for _ in ids))
     monkeypatch.setattr(gb, "structure", lambda vid, session: big)
     monkeypatch.setattr(gb, "_durations", lambda dag_id, session: {})
-    monkeypatch.setattr(gb, "_progress", lambda runs, session: [])
+    _no_db(monkeypatch, gb)
     for i in range(6):
         gb.build([ReadyInstance("etl", f"r{i}", "t1", 1, "v1")], None)  # type: ignore[arg-type]
         assert gb._cached_nodes <= 2500 and (f"etl/r{i}", "v1") in gb._graphs
@@ -142,16 +164,14 @@ def test_tasks_queued_to_the_executor_but_not_sent_are_not_running(monkeypatch: 
     tasks the executor holds, or did not offer for want of a slot: those are not running.
     was: only the batch's own ready tasks were taken out"""
     from airflow_drl_executor.graph_builder import GraphBuilder, ReadyInstance, _Structure
-    from policy.schema import RunProgress
-
     gb = GraphBuilder(pool_names=POOLS, default_queue="default", default_duration_s=60, history_ttl_s=300)
     ids = ("a", "held", "sent", "waiting")
     structure = _Structure(task_ids=ids, edges=(), hints=tuple({} for _ in ids), queues=("default",) * 4,
                            weights=(1.0,) * 4)
     monkeypatch.setattr(gb, "structure", lambda vid, session: structure)
     monkeypatch.setattr(gb, "_durations", lambda dag_id, session: {})
-    monkeypatch.setattr(gb, "_progress", lambda runs, session: [
-        RunProgress("etl/r1", finished=(), running=("a", "held", "sent", "waiting"))])
+    _no_db(monkeypatch, gb, [("etl/r1", t, -1, "queued") for t in ("a", "held", "waiting")]
+           + [("etl/r1", "sent", -1, "running")], {"etl/r1": 0.0})
     batch = gb.build([ReadyInstance("etl", "r1", "a", 1, "v")], None,  # type: ignore[arg-type]
                      not_sent=[("etl/r1", "held"), ("etl/r1", "waiting"), ("etl/r2", "held")])
     assert batch.progress[0].running == ("sent",)
