@@ -64,6 +64,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import heapq
+import itertools
 import logging
 import math
 import time as _time
@@ -121,7 +122,7 @@ class Outage:
 
 @dataclass(frozen=True)
 class Slowdown:
-    """Pool ``pool`` runs at ``factor`` times its speed (0 < factor) for tries started in the window."""
+    """Pool ``pool`` runs at ``factor`` times its speed (0 < factor <= 1) for tries started in the window."""
 
     pool: str
     start_s: float
@@ -168,9 +169,14 @@ class SimConfig:
         for o in self.outages:
             if not o.end_s > o.start_s >= 0:
                 raise ValueError(f"outage of {o.pool!r}: need 0 <= start < end, got {o}")
+        # (found by review: the first of two overlapping outages brought the pool back up in the
+        # second; a factor over 1 sped the pool up past the speed the lower bounds assume)
+        for a, b in itertools.combinations(self.outages, 2):
+            if a.pool == b.pool and a.start_s < b.end_s and b.start_s < a.end_s:
+                raise ValueError(f"outages of {a.pool!r} overlap: {a} and {b} (merge them into one)")
         for s in self.slowdowns:
-            if not (s.end_s > s.start_s >= 0 and s.factor > 0):
-                raise ValueError(f"slow-down of {s.pool!r}: need 0 <= start < end and factor > 0, got {s}")
+            if not (s.end_s > s.start_s >= 0 and 0 < s.factor <= 1):
+                raise ValueError(f"slow-down of {s.pool!r}: need 0 <= start < end and 0 < factor <= 1, got {s}")
 
 
 # --- outputs -------------------------------------------------------------------------------------

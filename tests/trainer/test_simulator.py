@@ -219,6 +219,18 @@ def test_window_scale_in_on_a_busy_cluster_conserves_and_scales_back() -> None:
     assert r.cost > sustained.cost, "workers are kept longer"
 
 
+@pytest.mark.parametrize("config, message", [
+    ({"outages": (Outage("gpu", 10.0, 100.0), Outage("gpu", 50.0, 200.0))}, "outages of 'gpu' overlap"),
+    ({"slowdowns": (Slowdown("gpu", 0.0, 10.0, 1.5),)}, "0 < factor <= 1"),
+])
+def test_overlapping_outages_and_speed_ups_are_refused(config: dict, message: str) -> None:
+    cat = load_catalogue(f"{CATALOGUES}/gpu-affinity.yaml")
+    with pytest.raises(ValueError, match=message):
+        Simulator(cat, [Job(_chain("a"), 0.0)], EarliestFinishPlacer(), **config)
+    Simulator(cat, [Job(_chain("a"), 0.0)], EarliestFinishPlacer(),  # back to back is fine
+              outages=(Outage("gpu", 10.0, 50.0), Outage("gpu", 50.0, 60.0), Outage("cpu-small", 20.0, 30.0)))
+
+
 def test_bad_jobs_rejected():
     cat = load_catalogue(f"{CATALOGUES}/speeds-1-2-4.yaml")
     with pytest.raises(SimulationError, match="share run_key"):
