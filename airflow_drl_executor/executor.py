@@ -240,7 +240,8 @@ class DRLExecutor(CeleryExecutor):
                 running_there=None if self._running_in_db is None else self._running_in_db.get(spec.name, 0))
             top = (spec.max_workers if spec.max_workers is not None else spec.workers) * spec.slots_per_worker
             out.append(replace(st, busy=load.busy, queued=load.queued, free_at=load.free_at, boot_s=spec.boot_delay_s,
-                               max_slots=top if spec.elastic and top > st.slots else None))
+                               # a pool that is down grows no more than it runs (as in the simulator)
+                               max_slots=top if up and spec.elastic and top > st.slots else None))
         return tuple(out)
 
     def _run_s(self, pool: PoolState, task: TaskNode | None) -> float:

@@ -107,6 +107,20 @@ def test_the_executor_marks_a_pool_without_workers_down_and_sizes_the_others() -
     assert all(p.max_slots is None for p in pools.values()), "a fixed pool with a worker gone cannot grow"
 
 
+def test_an_elastic_pool_marked_down_cannot_grow() -> None:
+    """was: max_slots of its catalogue (16 for cpu-small): the policy saw room to boot workers on
+    a pool no worker consumes, where the simulator it learnt in says none"""
+    from policy.catalogue import load_catalogue
+
+    ex = DRLExecutor()
+    ex.catalogue = load_catalogue(Path(__file__).resolve().parents[2] / "policy/catalogues/gpu-affinity.yaml")
+    ex._pool_watch = _watch([_replies(("cpu-large",), ("gpu",))])
+    ex._pool_watch.check()
+    pools = {p.name: p for p in ex.pool_states()}
+    assert not pools["cpu-small"].up and pools["cpu-small"].max_slots is None
+    assert pools["gpu"].up and pools["gpu"].max_slots == 4, "one worker of two: room to grow"
+
+
 # --- real Celery workers on a real redis-server ----------------------------------------------------
 
 APP = "from celery import Celery\napp = Celery('liveness', broker={url!r})\n"
