@@ -20,6 +20,7 @@ The module stays light (no torch, no Redis connection at import); options are re
 
 from __future__ import annotations
 
+import datetime
 import logging
 import time
 import uuid
@@ -120,12 +121,16 @@ class DRLExecutor(CeleryExecutor):
     def try_adopt_task_instances(self, tis: Sequence[Any]) -> Sequence[Any]:
         """Celery's adoption, less the queued task instances this executor never sent (held for a
         better pool, or not yet placed, when the old scheduler stopped): Celery would watch those
-        as PENDING until ``task_queued_timeout``; handed back, they are queued and placed again
-        at once. What is adopted enters the ledger, so its pools are not seen as idle."""
+        as PENDING until ``task_queued_timeout``. They are put back to ``scheduled`` in the same
+        try, as the scheduler itself reschedules a task stuck in queued, and are queued and placed
+        again at once (handed back instead, the scheduler would reset them to a new try: one
+        retry lost to every restart, found by review). What is adopted enters the ledger, so its
+        pools are not seen as idle."""
         never_sent = self._never_sent(tis)
         if never_sent:
             self.log.info("DRLExecutor: %d queued task instance(s) of the previous scheduler were never "
-                          "sent to Celery: handed back to be queued again", len(never_sent))
+                          "sent to Celery: scheduled again in the same try", len(never_sent))
+            _reschedule([ti for ti in tis if id(ti) in never_sent])
         keep = [ti for ti in tis if id(ti) not in never_sent]
         not_adopted = list(super().try_adopt_task_instances(keep)) if keep else []
         now = time.time()
@@ -134,11 +139,13 @@ class DRLExecutor(CeleryExecutor):
             if key in self.running and ti.queue in self.catalogue.names:
                 speed = self.catalogue.pool(ti.queue).vm_class.speed
                 self.ledger.add(key, ti.queue, str(ti.id), self.drl_config.default_duration_s / max(speed, 1e-3), now)
-        return not_adopted + [ti for ti in tis if id(ti) in never_sent]
+        return not_adopted
 
     def _never_sent(self, tis: Sequence[Any]) -> set[int]:
-        """``id()`` of the QUEUED ``tis`` with no placement recorded; none when traces are off or
-        cannot be read (then Celery's adoption decides, as without this executor)."""
+        """``id()`` of the QUEUED ``tis`` this executor never sent: no placement recorded with
+        their Celery task id (``external_executor_id``, assigned when the scheduler queues a try,
+        so a reschedule or a sensor's next poke in the same try gets a new one); none when traces
+        are off or cannot be read (then Celery's adoption decides, as without this executor)."""
         from airflow.utils.session import create_session
         from airflow.utils.state import TaskInstanceState
 
@@ -150,11 +157,12 @@ class DRLExecutor(CeleryExecutor):
                 conn = session.connection()
                 if not inspect(conn).has_table(traces.placements.name):
                     return set()
-                sent = traces.dispatched(conn, [(str(ti.id), int(ti.try_number)) for ti in queued])
+                sent = traces.sent_celery_ids(conn, [str(ti.external_executor_id) for ti in queued
+                                                     if ti.external_executor_id])
         except SQLAlchemyError as exc:
             self.log.warning("DRLExecutor: cannot read placements to adopt tasks: %s", exc)
             return set()
-        return {id(ti) for ti in queued if (str(ti.id), int(ti.try_number)) not in sent}
+        return {id(ti) for ti in queued if not ti.external_executor_id or str(ti.external_executor_id) not in sent}
 
     # --- placement -------------------------------------------------------------------------------
 
@@ -272,6 +280,25 @@ class DRLExecutor(CeleryExecutor):
         started = time.perf_counter()
         request_id = uuid.uuid4().hex
         self.ledger.keep(self.running)  # revoked, adopted or lost: not in flight here
+        elsewhere = [w for w in tasks if self._routed_elsewhere(w.ti)]
+        late: set[int] = set()
+        if elsewhere:  # sent to their own queue as they are; the open slots go in priority order
+            theirs = {id(w) for w in elsewhere}
+            if budget is not None:
+                remaining, mine = budget, 0
+                for w in tasks:
+                    if remaining > 0:
+                        remaining -= 1
+                        mine += id(w) not in theirs
+                    elif id(w) in theirs:
+                        late.add(id(w))
+                budget = mine
+            tasks = [w for w in tasks if id(w) not in theirs]
+            for w in elsewhere:
+                self.log.debug("DRLExecutor: %s/%s/%s: queue %r is not one of the pools: sent there, not placed",
+                               w.ti.dag_id, w.ti.run_id, w.ti.task_id, w.ti.queue)
+            if not tasks:
+                return [], late
         ready = [
             ReadyInstance(
                 dag_id=w.ti.dag_id, run_id=w.ti.run_id, task_id=w.ti.task_id, map_index=_map_index(w.ti),
@@ -340,12 +367,14 @@ class DRLExecutor(CeleryExecutor):
                 held.add(id(w))  # no slot left this heartbeat: offered again at the next
                 continue
             if decision is None:
-                if waited < self.drl_config.max_wait_s:
+                airflow_pool = _airflow_pool(w.ti)
+                if waited < self.drl_config.max_wait_s and airflow_pool is None:
                     self._held_since.setdefault(key, now)
                     held.add(id(w))
                     continue
-                decision = self._fallback([ReadyTask(inst.run_key, inst.node)], pools, graphs,
-                                          f"waited {waited:.0f}s for a better pool, placing now"
+                why = (f"waited {waited:.0f}s for a better pool, placing now" if airflow_pool is None else
+                       f"not held: a held task keeps its slot of Airflow pool {airflow_pool!r}")
+                decision = self._fallback([ReadyTask(inst.run_key, inst.node)], pools, graphs, why
                                           )[(inst.run_key, inst.node)]
                 decision = _noting(decision, ignored.get((inst.run_key, inst.node)))
             self._held_since.pop(key, None)
@@ -380,7 +409,14 @@ class DRLExecutor(CeleryExecutor):
             self.log.debug("DRLExecutor: request %s: %d task(s) wait for a better pool", request_id, len(held))
         if placed:
             self._set_queues(placed)
-        return records, held
+        return records, held | late
+
+    def _routed_elsewhere(self, ti: Any) -> bool:
+        """A task whose queue is neither one of the pools nor the default queue was sent there on
+        purpose (its author, or a ``task_instance_mutation_hook``, routed it to workers of its
+        own): it goes there, unplaced (found by review: it was placed on a pool like any task)."""
+        queue = str(getattr(ti, "queue", "") or self.default_queue)
+        return queue not in self.catalogue.names and queue != self.default_queue
 
     def _not_sent(self) -> set[tuple[str, str]]:
         """(run key, task id) of every task queued to this executor and not sent to Celery (held,
@@ -485,6 +521,28 @@ class DRLExecutor(CeleryExecutor):
                 traces.write(conn, rows)
         except SQLAlchemyError as exc:
             self.log.error("DRLExecutor: lost %d placement trace(s): %s", len(rows), exc)
+
+
+def _airflow_pool(ti: Any) -> str | None:
+    """The Airflow pool (the slots concept, not a worker pool) ``ti`` runs in, None for the
+    default one: a task held for a better worker pool keeps its slot there (queued is an
+    executing state to Airflow's pools), so such a task is never held."""
+    pool = getattr(ti, "pool", None)
+    return None if pool in (None, "", "default_pool") else str(pool)
+
+
+def _reschedule(tis: Sequence[Any]) -> None:
+    """Put these queued task instances back to ``scheduled`` in the same try (what the scheduler's
+    ``_reschedule_stuck_task`` writes); the scheduler's session commits it."""
+    from airflow.utils.state import TaskInstanceState
+
+    now = datetime.datetime.now(datetime.UTC)
+    for ti in tis:
+        ti.state = TaskInstanceState.SCHEDULED
+        ti.queued_dttm = None
+        ti.queued_by_job_id = None
+        ti.external_executor_id = None
+        ti.scheduled_dttm = now
 
 
 def _map_index(ti: Any) -> int:

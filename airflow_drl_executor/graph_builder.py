@@ -40,7 +40,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FINISHED_STATES = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
-RUNNING_STATES = frozenset({"running", "queued", "restarting"})
+#: dispatched and not finished, as the simulator the policy learnt in counts a task: a deferred
+#: task (waiting in the triggerer) and a sensor between pokes (reschedule mode) included
+RUNNING_STATES = frozenset({"running", "queued", "restarting", "deferred", "up_for_reschedule"})
 _HINTS = ("duration_s", "cpus", "memory_gb", "gpus", "priority")
 #: expected durations are the mean of a task's successful tries in the DAG's latest runs
 HISTORY_RUNS = 20

@@ -62,7 +62,7 @@ placements = Table(
     Column("request_id", String(64), nullable=False),
     Column("decision_ms", Float, nullable=False),
     Column("waited_s", Float, nullable=False, default=0.0),
-    Column("celery_id", String(64), nullable=True),
+    Column("celery_id", String(64), nullable=True, index=True),
     Column("features", Text, nullable=False),
     Column("decided_at", DateTime(timezone=True), nullable=False, index=True),
     # the placements page's filters: one DAG's or one run's placements, latest first
@@ -136,14 +136,15 @@ def write(conn: Connection, records: Sequence[PlacementRecord]) -> None:
         conn.execute(insert(placements), [r.row(now) for r in records])
 
 
-def dispatched(conn: Connection, tries: Collection[tuple[str, int]]) -> set[tuple[str, int]]:
-    """Of these ``(ti_id, try_number)``, those with a placement recorded: the executor records a
+def sent_celery_ids(conn: Connection, celery_ids: Collection[str]) -> set[str]:
+    """Of these Celery task ids, those with a placement recorded: the executor records a
     placement only once Celery accepted the task (a task it held, or never got to, has none)."""
-    if not tries:
-        return set()
-    ids = sorted({ti_id for ti_id, _ in tries})
-    rows = conn.execute(select(placements.c.ti_id, placements.c.try_number).where(placements.c.ti_id.in_(ids)))
-    return {(str(r.ti_id), int(r.try_number)) for r in rows} & set(tries)
+    out: set[str] = set()
+    ids = sorted(set(celery_ids))
+    for i in range(0, len(ids), 1000):  # bounded IN lists
+        rows = conn.execute(select(placements.c.celery_id).where(placements.c.celery_id.in_(ids[i:i + 1000])))
+        out.update(str(r.celery_id) for r in rows)
+    return out
 
 
 def prune(engine: Engine, before: dt.datetime, *, batch: int = 10_000) -> int:

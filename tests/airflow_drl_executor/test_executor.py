@@ -312,12 +312,14 @@ def test_only_what_celery_accepted_leaves_a_trace_and_a_ledger_entry(monkeypatch
     assert len(ex.ledger) == 1 and ex.ledger.pool_of(a.ti.key) == "cpu-large"
 
 
-def test_adoption_hands_back_what_was_never_sent_and_keeps_the_rest_in_the_ledger(
+def test_adoption_reschedules_what_was_never_sent_in_the_same_try_and_keeps_the_rest_in_the_ledger(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """After a scheduler restart: running tasks are adopted and count as busy on their pools; a
-    queued one with a placement recorded is adopted; a queued one without (held for a better
-    pool when the old scheduler stopped) is handed back to be queued again, not watched as
-    PENDING until task_queued_timeout."""
+    queued one with a placement recorded under its Celery id is adopted; a queued one without
+    (held for a better pool when the old scheduler stopped) is scheduled again in the same try,
+    not watched as PENDING until task_queued_timeout, nor handed back (reset to a new try: a
+    retry lost); nor is one placed in an earlier try's queuing of the same try number (a sensor's
+    earlier poke: same ti id and try, another Celery id)."""
     import contextlib
 
     from sqlalchemy import create_engine
@@ -333,18 +335,24 @@ def test_adoption_hands_back_what_was_never_sent_and_keeps_the_rest_in_the_ledge
     monkeypatch.setattr(ex, "bulk_state_fetcher", types.SimpleNamespace(
         get_many=lambda results: {r.task_id: ("STARTED", None) for r in results}))
     tis = []
-    for tid, state in (("r1", "running"), ("r2", "running"), ("sent", "queued"), ("held", "queued")):
+    for tid, state in (("r1", "running"), ("r2", "running"), ("sent", "queued"), ("held", "queued"),
+                       ("poked", "queued")):
         ti = _workload(tid).ti
         ti.queue, ti.state, ti.external_executor_id = "gpu", state, f"celery-{tid}"
         tis.append(ti)
-    sent = tis[2]
+    sent, poked = tis[2], tis[4]
     with engine.begin() as conn:
-        traces.write(conn, [traces.PlacementRecord(
-            ti_id=str(sent.id), dag_id="etl", run_id="run1", task_id="sent", map_index=-1, try_number=1,
-            pool="gpu", vm_class="gpu-a10", score=0.0, reason="r", fallback=False, policy="gnn",
-            policy_version="1", request_id="q", decision_ms=1.0, features={}, celery_id="celery-sent")])
+        for ti, celery_id in ((sent, "celery-sent"), (poked, "celery-first-poke")):
+            traces.write(conn, [traces.PlacementRecord(
+                ti_id=str(ti.id), dag_id="etl", run_id="run1", task_id=ti.task_id, map_index=-1, try_number=1,
+                pool="gpu", vm_class="gpu-a10", score=0.0, reason="r", fallback=False, policy="gnn",
+                policy_version="1", request_id="q", decision_ms=1.0, features={}, celery_id=celery_id)])
     not_adopted = ex.try_adopt_task_instances(tis)
-    assert [ti.task_id for ti in not_adopted] == ["held"]
+    assert not_adopted == [], "nothing reset to a new try"
+    held = tis[3]
+    again = [ti.task_id for ti in tis if ti.state == "scheduled"]
+    assert again == ["held", "poked"] and held.try_number == 1 and held.external_executor_id is None
+    assert held.queued_dttm is None and held.scheduled_dttm is not None
     gpu = {p.name: p for p in ex.pool_states()}["gpu"]
     assert len(ex.running) == 3 and (gpu.slots, gpu.busy, gpu.queued) == (2, 2, 1), "2 slots: one waits"
     assert len(gpu.free_at) == 3, "the ledger knows them"
@@ -416,3 +424,29 @@ def test_each_instance_of_a_mapped_task_is_placed_on_its_own(monkeypatch: pytest
     assert asked == [["m[0]", "m[1]"]] and not held
     assert (first.ti.queue, second.ti.queue) == ("gpu", "cpu-small")
     assert [(r.task_id, r.map_index, r.pool) for _, r in records] == [("m", 0, "gpu"), ("m", 1, "cpu-small")]
+
+
+def test_a_task_routed_to_a_queue_of_its_own_is_sent_there_unplaced(executor: DRLExecutor) -> None:
+    """was: a task its author (or a task_instance_mutation_hook) sent to 'vpn_queue', whose
+    workers are not one of the pools, was placed on a pool like any task"""
+    executor._client = FakeClient(_reply({"a": "cpu-small"}))  # type: ignore[assignment]
+    a, vpn, vpn2 = _workload("a"), _workload("v1"), _workload("v2")
+    vpn.ti.queue = vpn2.ti.queue = "vpn_queue"
+    records, held = executor._place([vpn, a, vpn2], budget=2)
+    assert [t.task_id for t in executor._client.requests[-1].ready] == ["a"], "not asked about"
+    assert vpn.ti.queue == "vpn_queue" and [r.task_id for _, r in records] == ["a"] and a.ti.queue == "cpu-small"
+    assert held == {id(vpn2)}, "the open slots still bound what a heartbeat sends: v1 and a take both"
+    records, held = executor._place([vpn2])
+    assert records == [] and held == set() and vpn2.ti.queue == "vpn_queue"
+
+
+def test_a_task_in_an_airflow_pool_is_never_held(executor: DRLExecutor) -> None:
+    """Queued is an executing state to Airflow's pools: a held task would keep its pool slot (a
+    one-slot rate-limit pool would idle while its task waits for a better worker pool)."""
+    executor._client = FakeClient(_reply({}))  # the policy would wait for a better pool
+    free, limited = _workload("a"), _workload("b")
+    limited.ti.pool = "api_rate_limit"
+    records, held = executor._place([free, limited])
+    assert held == {id(free)}
+    (rec,) = [r for _, r in records]
+    assert rec.task_id == "b" and rec.fallback and "keeps its slot of Airflow pool 'api_rate_limit'" in rec.reason

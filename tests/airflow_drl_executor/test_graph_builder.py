@@ -48,9 +48,12 @@ def test_anexpand_mappeded_mapped_task_is_one_node_per_instance() -> None:
 
     rows = [("etl/r1", "m", 0, "success"), ("etl/r1", "m", 1, "running"), ("etl/r1", "m", 2, "queued"),
             ("etl/r1", "m", -1, "removed"),  # an unexpanded row beside the instances: not a node
-            ("etl/r1", "done", -1, "success"), ("etl/r1", "later", -1, "")]
+            ("etl/r1", "done", -1, "success"), ("etl/r1", "later", -1, ""),
+            ("etl/r1", "wait", -1, "deferred"), ("etl/r1", "sensor", -1, "up_for_reschedule")]
     (p,) = _progress(rows, {"etl/r1": 5.0})
-    assert (p.finished, p.running, p.age_s) == (("done", "m[0]"), ("m[1]", "m[2]"), 5.0)
+    assert (p.finished, p.age_s) == (("done", "m[0]"), 5.0)
+    # a deferred task and a sensor between pokes were dispatched: running, as in the simulator
+    assert p.running == ("m[1]", "m[2]", "sensor", "wait")
 
 
 def test_mapped_instances_take_their_tasks_edges_hints_and_history(monkeypatch: pytest.MonkeyPatch) -> None:

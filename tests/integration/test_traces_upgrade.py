@@ -36,7 +36,7 @@ def test_legacy_ti_id_column_becomes_uuid_and_joins(stack: Stack) -> None:
         rec = traces.PlacementRecord(
             ti_id=str(ids[0]), dag_id="d", run_id="r", task_id="t", map_index=-1, try_number=1, pool="gpu",
             vm_class="x", score=0.0, reason="", fallback=False, policy="eft", policy_version="1",
-            request_id="q", decision_ms=1.0, features={})
+            request_id="q", decision_ms=1.0, features={}, celery_id="c0")
         with engine.begin() as conn:
             conn.execute(insert(ti), [{"id": u, "try_number": 1, "state": "success", "hostname": "gpu@h"} for u in ids])
             conn.execute(insert(old), [rec.row(dt.datetime.now(dt.UTC))])
@@ -44,13 +44,13 @@ def test_legacy_ti_id_column_becomes_uuid_and_joins(stack: Stack) -> None:
         with engine.begin() as conn:
             (column,) = [c for c in inspect(conn).get_columns("drl_placement") if c["name"] == "ti_id"]
             assert str(column["type"]) == "UUID"
-            traces.write(conn, [traces.PlacementRecord(**{**rec.__dict__, "ti_id": str(ids[1])})])
+            traces.write(conn, [traces.PlacementRecord(**{**rec.__dict__, "ti_id": str(ids[1]), "celery_id": "c1"})])
             rows = list(conn.execute(traces.outcomes_query()))
             plan = "\n".join(r[0] for r in conn.execute(text(
                 "EXPLAIN SELECT * FROM drl_placement p JOIN task_instance t ON t.id = p.ti_id")))
-            sent = traces.dispatched(conn, [(str(u), 1) for u in ids] + [(str(ids[0]), 2)])
+            sent = traces.sent_celery_ids(conn, ["c0", "c1", "c2"])
         assert [(r.state, r.hostname) for r in rows] == [("success", "gpu@h")] * 2
-        assert sent == {(str(u), 1) for u in ids}
+        assert sent == {"c0", "c1"}
         assert "::text" not in plan and "CAST" not in plan.upper(), plan
         traces.ensure_schema(engine)  # a second start: nothing left to upgrade
     finally:
