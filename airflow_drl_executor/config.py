@@ -7,6 +7,8 @@ validates each value where it enters.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol
@@ -156,6 +158,8 @@ class ExecutorConfig:
                     values[key] = int(raw)
                 elif kind == "float":
                     values[key] = float(raw)
+                    if not math.isfinite(values[key]):  # NaN passes every comparison check below
+                        raise ValueError(f"not a finite number: {raw!r}")
                 elif kind == "boolean":
                     values[key] = _to_bool(raw)
                 else:

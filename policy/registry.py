@@ -125,7 +125,11 @@ def activation_lock(root: str | Path) -> Iterator[None]:
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / ACTIVATION_LOCK, "a") as fh:
+    lock = root / ACTIVATION_LOCK
+    fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_APPEND, REGISTRY_FILE_MODE)
+    if os.fstat(fd).st_uid == os.getuid():  # made group-writable whatever the umask (see _write_json)
+        os.fchmod(fd, REGISTRY_FILE_MODE)
+    with os.fdopen(fd, "a") as fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
         try:
             yield
@@ -133,10 +137,17 @@ def activation_lock(root: str | Path) -> Iterator[None]:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
+#: the registry's own files (manifest, last good, the activation lock): the group reads and writes
+REGISTRY_FILE_MODE = 0o664
+
+
 def _write_json(root: Path, name: str, doc: dict[str, str]) -> Path:
     """Write ``root/name`` by an atomic rename, so a reader never sees half a file."""
     root.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{Path(name).stem}.", suffix=".json")
+    # mkstemp makes it 0600: the servers and the workers that promote run as different users of
+    # one group on a shared registry (docker-compose.yaml), so each must read what the other wrote
+    os.fchmod(fd, REGISTRY_FILE_MODE)
     with os.fdopen(fd, "w") as fh:
         json.dump(doc, fh)
     os.replace(tmp, root / name)

@@ -224,6 +224,8 @@ class PolicyServer:
                 raise CheckpointError(f"{self.registry.manifest}: no active checkpoint")
             if model is not None:
                 self._swap(model)
+        elif placer is None and config.placer != "eft":  # no registry: nothing learned to serve
+            log.warning("no --registry: serving the %s heuristic, not a trained policy", self.placer.name)
         self.metrics.set_model(self.version, self.device)
         self._stop = threading.Event()
         self._redis: redis.Redis | None = None
@@ -237,6 +239,8 @@ class PolicyServer:
         #: store keys of the graphs the batch named by reference and found in the local cache
         self._touch_graphs: set[str] = set()
         self._reply_script: Any = None
+        #: the last Redis failure logged, until connected again (each new one is a warning)
+        self._redis_error = ""
         self._next_claim = 0.0
         self._next_heartbeat = 0.0
         self._next_prune = 0.0
@@ -297,8 +301,11 @@ class PolicyServer:
     def _lost(self, why: str, delay: float) -> None:
         if self.connected:
             log.warning("lost Redis at %s (%s); reconnecting", self.config.safe_redis_url, why)
+        elif why != self._redis_error:  # a first failure (a wrong password at start-up), or a new one
+            log.warning("cannot use Redis at %s (%s); retrying with back-off", self.config.safe_redis_url, why)
         else:
             log.debug("Redis still unavailable (%s)", why)
+        self._redis_error = why
         self.metrics.reconnects.inc()
         self.connected = False
         self._drop_connection()
@@ -334,6 +341,7 @@ class PolicyServer:
         self._sync_clock(r)
         self._ready = True
         self.connected = True
+        self._redis_error = ""
         self._next_heartbeat = 0.0
         log.info("connected to %s", self.config.safe_redis_url)
 

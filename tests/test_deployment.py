@@ -91,3 +91,20 @@ def test_a_replicated_service_publishes_a_host_port_per_replica() -> None:
             lo, _, hi = host.partition("-")
             width = int(hi or lo) - int(lo) + 1
             assert width >= replicas, f"{name}: {replicas} replicas, host ports {host!r}"
+
+
+def test_every_long_running_service_has_a_healthcheck() -> None:
+    """was: only postgres and redis had one: a policy server that could not use Redis (a wrong
+    password) or a dead scheduler looked up"""
+    for name, svc in COMPOSE["services"].items():
+        if name == "airflow-init":
+            continue  # runs once
+        assert svc.get("healthcheck", {}).get("test"), name
+    policy = COMPOSE["services"]["policy-server"]
+    port = policy["command"][policy["command"].index("--metrics-port") + 1]
+    assert f"127.0.0.1:{port}/health" in " ".join(policy["healthcheck"]["test"])
+
+
+def test_the_build_context_leaves_out_the_local_state() -> None:
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert {".venv", ".stack", ".stack-test", "runs"} <= set(ignored)

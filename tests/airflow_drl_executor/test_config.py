@@ -38,6 +38,9 @@ def test_values_are_typed() -> None:
         ("key_prefix", "a:b", "key_prefix"),
         ("record_traces", "maybe", "expected boolean"),
         ("redis_ca_cert", "/no/such/ca.pem", "redis_ca_cert: a CA certificate .* needs a rediss:// URL"),
+        # was: accepted; with NaN, 'waited < max_wait_s' is never true, so no task was ever held
+        ("max_wait_s", "nan", "max_wait_s: expected float, got 'nan'"),
+        ("default_duration_s", "inf", "default_duration_s: expected float, got 'inf'"),
     ],
 )
 def test_bad_values_name_the_option(key: str, value: str, message: str) -> None:

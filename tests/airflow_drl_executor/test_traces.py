@@ -100,7 +100,7 @@ def test_prune_deletes_only_what_is_older_than_the_cutoff_in_batches(engine: Eng
     assert traces.prune(engine, t0 + dt.timedelta(days=20)) == 0
 
 
-@pytest.mark.parametrize("columns", [["decided_at"], ["dag_id", "run_id"]])
+@pytest.mark.parametrize("columns", [["decided_at"], ["dag_id", "run_id"], ["celery_id"]])
 def test_an_earlier_table_gets_the_indexes_added_since(engine: Engine, columns: list[str]) -> None:
     old = legacy_table()
     for index in list(old.indexes):

@@ -208,6 +208,26 @@ def test_the_activation_lock_is_exclusive(tmp_path: Path) -> None:
     assert try_lock()
 
 
+def test_the_registrys_files_are_shared_with_the_group_whatever_the_umask(tmp_path: Path) -> None:
+    """The policy servers and the workers that promote run as different users of one group on a
+    shared registry (docker-compose.yaml). was: active.json and last_good.json came out 0600 from
+    mkstemp: a worker's promotion could not be read by a server ('Permission denied'), nor the
+    server's seeded manifest by the nightly fine-tune"""
+    import os
+    import stat
+
+    old = os.umask(0o077)
+    try:
+        activate(tmp_path, fake_checkpoint(tmp_path, "v1", "1"))
+        assert ModelRegistry(tmp_path, loader=fake_loader).load_now() is not None
+        with activation_lock(tmp_path):
+            pass
+    finally:
+        os.umask(old)
+    for name in ("active.json", "last_good.json", ACTIVATION_LOCK):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o664, name
+
+
 def test_a_last_good_checkpoint_that_changed_is_not_served(tmp_path: Path) -> None:
     v1 = fake_checkpoint(tmp_path, "v1", "1")
     activate(tmp_path, "v1", sha256=checkpoint_sha256(v1))

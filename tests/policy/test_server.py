@@ -139,3 +139,28 @@ def test_heartbeat_names_the_model_and_device(start_server, rclient: redis.Redis
         time.sleep(0.02)
     beat = json.loads(rclient.hget(KEYS.heartbeat, "hb"))  # type: ignore[arg-type]
     assert beat["version"] == "eft:heuristic-1" and beat["device"] == "cpu"
+
+
+def test_a_redis_it_cannot_use_at_start_up_is_a_warning_once(caplog: pytest.LogCaptureFixture) -> None:
+    """was: a server started with a wrong Redis URL or password logged only 'serving ...' (each
+    failure at DEBUG), so a deployment looked up while it served nothing"""
+    import logging
+    import threading
+
+    from policy.bench import free_port
+    from policy.config import ServerConfig
+    from policy.server import PolicyServer
+
+    server = PolicyServer(ServerConfig(redis_url=f"redis://:wrong@127.0.0.1:{free_port()}/0", prefix="t",
+                                       reconnect_base_s=0.01, reconnect_max_s=0.02))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    with caplog.at_level(logging.DEBUG, logger="policy.server"):
+        thread.start()
+        time.sleep(0.5)
+        server.stop()
+        thread.join(5)
+    failures = [r for r in caplog.records if "Redis" in r.getMessage() and r.levelno >= logging.DEBUG
+                and ("cannot use" in r.getMessage() or "still unavailable" in r.getMessage())]
+    assert len(failures) > 3, "it kept retrying"
+    warned = [r for r in failures if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "cannot use Redis at redis://:***@127.0.0.1" in warned[0].getMessage(), "no password"
