@@ -8,7 +8,6 @@ validates each value where it enters.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol
