@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import multiprocessing
 import os
 import secrets
@@ -38,12 +39,13 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import redis
 
 from policy.catalogue import Catalogue, load_catalogue
+from policy.errors import CatalogueError
 from policy.schema import (
     PlacementReply,
     PlacementRequest,
@@ -440,43 +442,97 @@ def _stack(args: argparse.Namespace, keys: Keys) -> Iterator[tuple[str, int | No
         rs.stop()
 
 
+def _int_list(lo: int) -> Callable[[str], list[int]]:
+    """An argparse type: a comma-separated list of integers >= ``lo``."""
+    one = _int_at_least(lo)
+
+    def convert(text: str) -> list[int]:
+        try:
+            values = [one(item) for item in (x.strip() for x in text.split(",")) if item]
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentTypeError(f"{exc} (in {text!r})") from None
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of integers, got {text!r}")
+        return values
+
+    return convert
+
+
+def _int_at_least(lo: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``lo``."""
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"{text!r} must be >= {lo}")
+        return value
+
+    return convert
+
+
+def _seconds(*, zero_ok: bool) -> Callable[[str], float]:
+    """An argparse type: a finite number > 0 (``>= 0`` with ``zero_ok``): a NaN or infinite
+    duration or rate made every case print rows of NaN instead of failing."""
+    bound = ">= 0" if zero_ok else "> 0"
+
+    def convert(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+            raise argparse.ArgumentTypeError(f"expected a finite number {bound}, got {text!r}")
+        return value
+
+    return convert
+
+
+def _catalogue(text: str) -> Catalogue:
+    """An argparse type: the catalogue at ``text``, loaded and validated."""
+    try:
+        return load_catalogue(text)
+    except CatalogueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis", default=None,
                         help="URL of a Redis with running server(s); default: start private ones")
     parser.add_argument("--prefix", default=f"drlbench{os.getpid()}", help="key prefix")
-    parser.add_argument("--catalogue", default=str(DEFAULT_CATALOGUE), help="pool catalogue YAML")
+    parser.add_argument("--catalogue", type=_catalogue, default=str(DEFAULT_CATALOGUE), help="pool catalogue YAML")
     parser.add_argument("--placer", default="eft", help="placer of the private server (eft, auto, gnn)")
     parser.add_argument("--registry", default=None, help="model registry of the private server")
-    parser.add_argument("--batch-max", type=int, default=64, help="batch_max of the private server")
-    parser.add_argument("--batch-wait-ms", type=int, default=0, help="batch_wait_ms of the private server")
+    parser.add_argument("--batch-max", type=_int_at_least(1), default=64, help="batch_max of the private server")
+    parser.add_argument("--batch-wait-ms", type=_int_at_least(0), default=0,
+                        help="batch_wait_ms of the private server")
     parser.add_argument("--device", default="auto", help="device of the private server (auto, cpu, cuda)")
-    parser.add_argument("--replicas", type=int, default=1,
+    parser.add_argument("--replicas", type=_int_at_least(1), default=1,
                         help="private server replicas sharing the consumer group (one process each)")
-    parser.add_argument("--dag-sizes", default="50,200,1000", help="comma-separated DAG sizes")
-    parser.add_argument("--ready", default="1,16,64", help="comma-separated ready tasks per request")
-    parser.add_argument("--clients", default="1,8", help="comma-separated concurrent clients")
-    parser.add_argument("--duration", type=float, default=3.0, help="seconds per case")
-    parser.add_argument("--client-procs", type=int, default=1,
+    parser.add_argument("--dag-sizes", type=_int_list(1), default="50,200,1000", help="comma-separated DAG sizes")
+    parser.add_argument("--ready", type=_int_list(1), default="1,16,64",
+                        help="comma-separated ready tasks per request")
+    parser.add_argument("--clients", type=_int_list(1), default="1,8", help="comma-separated concurrent clients")
+    parser.add_argument("--duration", type=_seconds(zero_ok=False), default=3.0, help="seconds per case")
+    parser.add_argument("--client-procs", type=_int_at_least(1), default=1,
                         help="run the clients as threads of this many processes (default: 1)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed")
-    parser.add_argument("--soak", type=float, default=0.0,
+    parser.add_argument("--soak", type=_seconds(zero_ok=True), default=0.0,
                         help="instead of the cases: run one case this many seconds, report server RSS")
-    parser.add_argument("--rate", type=float, default=1000.0, help="soak: total requests per second")
-    parser.add_argument("--rss-every", type=float, default=10.0,
+    parser.add_argument("--rate", type=_seconds(zero_ok=False), default=1000.0,
+                        help="soak: total requests per second")
+    parser.add_argument("--rss-every", type=_seconds(zero_ok=False), default=10.0,
                         help="soak: seconds between samples of the server's RSS")
-    parser.add_argument("--new-run-every", type=int, default=0,
+    parser.add_argument("--new-run-every", type=_int_at_least(0), default=0,
                         help="each client starts a new DAG run every this many requests (0: never)")
     parser.add_argument("--out", default="bench-server.json", help="JSON output file")
     parser.add_argument("--server-log", default=None, help="append the private server's log here")
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
 def run(args: argparse.Namespace) -> int:
     keys = Keys(args.prefix)
-    catalogue = load_catalogue(args.catalogue)
+    catalogue: Catalogue = args.catalogue  # loaded and validated by the parser
     doc: dict[str, Any] = {"command": " ".join(sys.argv), "host": socket.gethostname(),
                            "cpus": os.cpu_count(), "replicas": None if args.redis else args.replicas,
                            "client_procs": args.client_procs,
@@ -486,9 +542,9 @@ def run(args: argparse.Namespace) -> int:
         wait_for_server(r, keys, count=1 if args.redis else args.replicas)
         device = _server_device(r, keys)
         if args.soak > 0:
-            clients = max(_ints(args.clients))
+            clients = max(args.clients)
             with _RssSampler(pid, args.rss_every) as rss:
-                res = run_case(url, keys, catalogue, _ints(args.dag_sizes)[0], _ints(args.ready)[0],
+                res = run_case(url, keys, catalogue, args.dag_sizes[0], args.ready[0],
                                clients, args.soak, args.seed, device, rate_per_client=args.rate / clients,
                                procs=args.client_procs, new_run_every=args.new_run_every)
             doc["soak"] = {**asdict(res), "seconds": args.soak, "target_rate": args.rate,
@@ -501,9 +557,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"{'dag':>5} {'ready':>5} {'cli':>3} {'reqs':>7} {'p50 ms':>8} {'p99 ms':>8}"
                   f" {'srv p50':>8} {'srv p99':>8} {'decisions/s':>12} {'err':>4}  device")
-            for dag in _ints(args.dag_sizes):
-                for ready in _ints(args.ready):
-                    for clients in _ints(args.clients):
+            for dag in args.dag_sizes:
+                for ready in args.ready:
+                    for clients in args.clients:
                         res = run_case(url, keys, catalogue, dag, ready, clients, args.duration,
                                        args.seed, device, procs=args.client_procs)
                         doc["cases"].append(asdict(res))

@@ -15,10 +15,16 @@ set-up) and validated there; errors name the file and the field::
 ``workers`` is the number of workers running now (fixed pools) or at start (elastic pools);
 ``min_workers``/``max_workers``/``boot_delay_s``/``idle_scale_down_s``/``billing_s`` describe
 KEDA-style autoscaling for the simulator.
+
+Every key of a VM class or pool must be one of :data:`VM_CLASS_KEYS` / :data:`POOL_KEYS`, and no
+key may appear twice in one mapping: a typo (``worker: 5``) or a pool listed twice would
+otherwise load silently as the defaults or as the last entry (found by a deployment review).
 """
 
 from __future__ import annotations
 
+import difflib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -30,6 +36,12 @@ from policy.schema import PoolState
 
 #: the folder of the catalogues this package ships (``gpu-affinity.yaml``, ``demo.yaml``, ...)
 PACKAGED_CATALOGUES = Path(__file__).resolve().parent / "catalogues"
+
+#: the keys a VM class may have (the fields of :class:`VMClass` but its name)
+VM_CLASS_KEYS = ("cpus", "memory_gb", "gpus", "speed", "price_per_hour", "affinity")
+#: the keys a pool may have (the fields of :class:`PoolSpec` but its name)
+POOL_KEYS = ("vm_class", "workers", "slots_per_worker", "min_workers", "max_workers", "boot_delay_s",
+             "idle_scale_down_s", "billing_s")
 
 
 @dataclass(frozen=True)
@@ -115,13 +127,45 @@ class Catalogue:
         return tuple(p.state() for p in self.pools)
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: object, line: int, first: int) -> None:
+        super().__init__(f"line {line}: duplicate key {key!r} (first at line {first})")
+        self.key, self.line, self.first = key, line, first
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last).
+
+    Keys brought in by a merge (``<<: *base``) may still be overridden, as YAML intends."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in first:
+                raise _DuplicateKey(key, line, first[key])
+            first[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _check_keys(obj: Mapping[Any, Any], known: tuple[str, ...], where: str) -> None:
+    for key in obj:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise CatalogueError(f"{where}: unknown key {key!r} ({hint}known: {', '.join(known)})")
+
+
 def _number(obj: Mapping[str, Any], key: str, where: str, default: float | None = None,
             lo: float = 0.0) -> float:
     value = obj.get(key, default)
     if value is None:
         raise CatalogueError(f"{where}.{key}: missing")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < lo:
-        raise CatalogueError(f"{where}.{key}: expected a number >= {lo}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < lo:
+        raise CatalogueError(f"{where}.{key}: expected a finite number >= {lo}, got {value!r}")
     return float(value)
 
 
@@ -150,11 +194,14 @@ def parse_catalogue(data: Any, source: str = "<memory>") -> Catalogue:
         where = f"{source}: vm_classes.{name}"
         if not isinstance(spec, Mapping):
             raise CatalogueError(f"{where}: expected a mapping")
+        _check_keys(spec, VM_CLASS_KEYS, where)
         affinity = spec.get("affinity") or {}
         if not isinstance(affinity, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, (int, float)) and v > 0 for k, v in affinity.items()
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+            and math.isfinite(v) and v > 0
+            for k, v in affinity.items()
         ):
-            raise CatalogueError(f"{where}.affinity: expected {{task kind: speed-up > 0}}, got {affinity!r}")
+            raise CatalogueError(f"{where}.affinity: expected {{task kind: finite speed-up > 0}}, got {affinity!r}")
         vms[str(name)] = VMClass(
             name=str(name),
             cpus=_number(spec, "cpus", where, lo=0.001),
@@ -169,9 +216,11 @@ def parse_catalogue(data: Any, source: str = "<memory>") -> Catalogue:
         where = f"{source}: pools.{name}"
         if not isinstance(spec, Mapping):
             raise CatalogueError(f"{where}: expected a mapping")
+        _check_keys(spec, POOL_KEYS, where)
         vm_name = spec.get("vm_class")
-        if vm_name not in vms:
-            raise CatalogueError(f"{where}.vm_class: {vm_name!r} is not one of {sorted(vms)}")
+        if not isinstance(vm_name, str) or vm_name not in vms:
+            raise CatalogueError(f"{where}.vm_class: expected the name of a VM class, one of {sorted(vms)}, "
+                                 f"got {vm_name!r}")
         workers = _count(spec, "workers", where, 1)
         assert workers is not None
         pool = PoolSpec(
@@ -203,7 +252,9 @@ def load_catalogue(path: str | Path) -> Catalogue:
     except OSError as exc:
         raise CatalogueError(f"{path}: cannot read the pool catalogue: {exc}") from exc
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: builds plain data only
+    except _DuplicateKey as exc:
+        raise CatalogueError(f"{path}: {exc}; each VM class, pool and field may appear once") from exc
     except yaml.YAMLError as exc:
         raise CatalogueError(f"{path}: not valid YAML: {exc}") from exc
     return parse_catalogue(data, str(path))

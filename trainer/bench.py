@@ -28,7 +28,8 @@ import numpy as np
 
 from policy.catalogue import Catalogue, load_catalogue
 from policy.features import CP_GATE_SCOPES, HOLD_RATIO, check_hold_ratio, check_premium_ratio
-from trainer.baselines import LEARNED, expand, make_placer
+from trainer.baselines import BASELINES, LEARNED, SIMPLE, SLOW, expand, make_placer
+from trainer.baselines.rules import ORDERS, PLACEMENTS
 from trainer.metrics import Bounds, average, summarize
 from trainer.simulator import SCALE_IN_RULES, Job, SimConfig, SimResult, Simulator
 from trainer.workloads import REPLAY_PREFIX, ArrivalSpec, load_templates, make_jobs, replay_jobs
@@ -46,10 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(--load and --dag-runs do not apply); repeat for several settings "
                              "(default: seed)")
     parser.add_argument("--pools", default=str(DEFAULT_POOLS), help="pool catalogue YAML")
-    parser.add_argument("--policies", default="baselines",
+    parser.add_argument("--policies", type=_policies, default="baselines",
                         help="comma list of policies; 'baselines' expands to every baseline")
-    parser.add_argument("--load", type=float, default=0.85, help="offered work / nominal capacity")
-    parser.add_argument("--arrival", choices=("poisson", "burst"), default="poisson")
+    parser.add_argument("--load", type=_checked(_positive_load), default=0.85,
+                        help="offered work / nominal capacity (a finite number > 0)")
+    parser.add_argument("--arrival", choices=("poisson", "burst"), default="poisson",
+                        help="arrival process of the DAG runs at --load: poisson, or burst (groups of 10 at once, "
+                             "the groups Poisson; trainer/workloads.py); default: %(default)s")
     parser.add_argument("--dag-runs", type=int, default=200, help="DAG runs per simulation")
     parser.add_argument("--checkpoint", default=None,
                         help="checkpoint folder of the 'drl' policy (default: policy/checkpoints/default); "
@@ -84,6 +88,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", dest="json_path", default=None, help="write the results here")
     parser.add_argument("--markdown", default=None, help="write the tables as Markdown here")
     parser.add_argument("--plots", default=None, help="write PNG plots into this folder")
+
+
+def _policies(text: str) -> str:
+    """An argparse type: a comma list of names :func:`~trainer.baselines.make_placer` knows (an
+    unknown one would otherwise fail only in the first simulation, as a traceback)."""
+    known = {"baselines", LEARNED, *BASELINES, *SLOW}
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected a comma list of policies, got {text!r}")
+    for name in names:
+        if name not in known:
+            raise argparse.ArgumentTypeError(
+                f"unknown policy {name!r} in {text!r}; expected 'baselines', {LEARNED!r}, one of "
+                f"{', '.join(SIMPLE + SLOW)}, or ORDER+PLACEMENT with ORDER in {', '.join(ORDERS)} "
+                f"and PLACEMENT in {', '.join(PLACEMENTS)}")
+    return text
+
+
+def _positive_load(load: float) -> float:
+    if not (math.isfinite(load) and load > 0):
+        raise ValueError(f"--load must be a finite number > 0, got {load!r}")
+    return load
 
 
 def _checked(check: Callable[[float], float]) -> Callable[[str], float]:

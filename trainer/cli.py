@@ -1,6 +1,8 @@
 """``drl-trainer``: the scheduling lab's command line (``bench``, ``train``, ``explain``, ...).
 
 Each subcommand lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``.
+Bad input found past the parser (an unreadable or malformed catalogue, a missing or tampered
+checkpoint) is one line on stderr, ``drl-trainer: error: ...``, and exit code 2, as argparse's own.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import sys
 
 from policy.cli import build_parser, dispatch
+from policy.errors import CatalogueError, CheckpointError
 
 SUBCOMMANDS = {
     "bench": ("trainer.bench", "simulate policies on workloads and report metrics against lower bounds"),
@@ -21,7 +24,12 @@ SUBCOMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser("drl-trainer", SUBCOMMANDS, "Simulator, baselines, training and evaluation.", argv)
-    return dispatch(parser, argv)
+    try:
+        return dispatch(parser, argv)
+    except (CatalogueError, CheckpointError) as exc:
+        # the message names the file and the field; a traceback would only bury it
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

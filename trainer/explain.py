@@ -40,11 +40,14 @@ DEFAULT_CHECKPOINT = ROOT / "policy" / "checkpoints" / "default"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT), help="checkpoint directory")
     parser.add_argument("--workflows", default="mlpipeline", help="workload setting (as in bench)")
-    parser.add_argument("--pools", default=str(ROOT / "policy" / "catalogues" / "gpu-affinity.yaml"))
-    parser.add_argument("--load", type=float, default=0.85)
-    parser.add_argument("--duration-noise", type=float, default=0.3)
+    parser.add_argument("--pools", default=str(ROOT / "policy" / "catalogues" / "gpu-affinity.yaml"),
+                        help="pool catalogue YAML (default: the GPU-affinity cluster)")
+    parser.add_argument("--load", type=float, default=0.85,
+                        help="offered work / nominal capacity of the simulated stream (as in bench)")
+    parser.add_argument("--duration-noise", type=float, default=0.3,
+                        help="log-normal sigma of realised run times (as in bench)")
     parser.add_argument("--dag-runs", type=int, default=20, help="DAG runs in the simulated stream")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the stream and its run times")
     parser.add_argument("--request", type=int, default=10,
                         help="explain the decision at this decision point (0 = the first)")
     parser.add_argument("--task", default=None, help="task_id to explain (default: first one sent)")

@@ -110,3 +110,47 @@ def test_bench_sets_the_premium_gates_scope(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--workflows", "etl", "--policies", "drl", "--cp-gate-scope", "critical"])
     assert "invalid choice: 'critical'" in capsys.readouterr().err
+
+
+# --- bad input is a one-line error with exit code 2, not a traceback (found by review) ---
+
+
+@pytest.mark.parametrize("policies", ["nosuch", "fifo,nosuch", "srpt+nosuch", ","])
+def test_bench_refuses_an_unknown_policy_naming_it(capsys, policies):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--workflows", "etl", "--policies", policies, "--dag-runs", "2"])
+    assert exc.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("drl-trainer bench: error: argument --policies: ") and repr(policies) in last, last
+
+
+def test_bench_reports_an_unreadable_catalogue_in_one_line(capsys):
+    assert main(["bench", "--workflows", "etl", "--pools", "/nope.yaml", "--dag-runs", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("drl-trainer: error: /nope.yaml: cannot read the pool catalogue") and err.count("\n") == 1
+
+
+def test_bench_reports_a_missing_checkpoint_in_one_line(capsys):
+    assert main(["bench", "--workflows", "etl", "--policies", "drl", "--checkpoint", "/nope",
+                 "--dag-runs", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("drl-trainer: error: /nope/manifest.json: missing") and err.count("\n") == 1
+
+
+def test_every_bench_flag_has_help():
+    import argparse
+
+    from trainer.bench import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert [a.dest for a in parser._actions if not a.help] == []
+
+
+@pytest.mark.parametrize("load", ["nan", "-0.5", "0", "inf"])
+def test_bench_refuses_a_load_that_is_not_a_positive_number(load: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from trainer.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--load", load])
+    assert exc.value.code == 2 and "--load must be a finite number > 0" in capsys.readouterr().err
