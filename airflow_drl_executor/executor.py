@@ -56,6 +56,11 @@ class DRLExecutor(CeleryExecutor):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.drl_config = ExecutorConfig.from_conf(self.conf)
+        queued_timeout = float(self.conf.get("scheduler", "task_queued_timeout", fallback="600") or 600)
+        if self.drl_config.max_wait_s >= queued_timeout:  # the scheduler would requeue or fail it first
+            raise ValueError(f"[drl_executor] max_wait_s ({self.drl_config.max_wait_s:g}) must be below "
+                             f"[scheduler] task_queued_timeout ({queued_timeout:g}): a task held that long is "
+                             "taken for stuck in queued")
         self.catalogue: Catalogue = load_catalogue(self.drl_config.catalogue)
         self.default_queue = str(self.conf.get("operators", "default_queue", fallback="default"))
         self.fallback_placer = EarliestFinishPlacer(fallback=True)

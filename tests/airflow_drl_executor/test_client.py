@@ -146,7 +146,7 @@ def test_a_hung_redis_holds_the_scheduler_little_past_the_deadline() -> None:
         start = time.monotonic()
         with pytest.raises(PlacementUnavailable, match="redis error"):
             client.place(_request("r1"), {"d/r1": _graph()})
-        assert time.monotonic() - start < 0.4
+        assert time.monotonic() - start < 0.55, "was >= 0.7 s (the socket timeout alone)"
     finally:
         stop.set()
         thread.join(2)

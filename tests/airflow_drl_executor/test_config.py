@@ -66,3 +66,16 @@ def test_provider_declares_every_option_and_a_cli() -> None:
     assert all(o["description"] and o["type"] for o in options.values())
     assert info["executors"] == ["airflow_drl_executor.DRLExecutor"]
     assert info["cli"], "without a cli entry every airflow command fails (BRIEF)"
+
+
+def test_max_wait_must_be_below_the_schedulers_queued_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task held for a better pool stays queued: held past task_queued_timeout, the scheduler
+    takes it for stuck and requeues it (or fails it after a few times)."""
+    from airflow_drl_executor.executor import DRLExecutor
+
+    monkeypatch.setenv("AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT", "30")
+    monkeypatch.setenv("AIRFLOW__DRL_EXECUTOR__MAX_WAIT_S", "60")
+    with pytest.raises(ValueError, match=r"max_wait_s \(60\) must be below \[scheduler\] task_queued_timeout \(30\)"):
+        DRLExecutor()
+    monkeypatch.setenv("AIRFLOW__DRL_EXECUTOR__MAX_WAIT_S", "20")
+    assert DRLExecutor().drl_config.max_wait_s == 20.0
