@@ -108,14 +108,46 @@ class Ledger:
     def expected_start(self, name: str, slots: int, now: float) -> float:
         """When a task sent to pool ``name`` now should start: after every task sent there before
         it (this batch's earlier ones included) has taken a slot in turn."""
-        mine = self._pool(name, None)
-        if slots <= 0:
-            return now
-        heap = [max(now, e.start_at + e.run_s) for e in mine[:slots]] + [now] * max(0, slots - len(mine))
-        heapq.heapify(heap)
-        for e in mine[slots:]:
-            heapq.heappush(heap, max(heapq.heappop(heap), now) + e.run_s)
-        return max(heap[0], now)
+        return self.planner({name: slots}, now).start(name, 0.0)
+
+    def planner(self, slots: Mapping[str, int], now: float) -> SlotPlanner:
+        """The pools' slots as the tasks already sent will leave them (one pass over the ledger),
+        for a batch of placements: each :meth:`SlotPlanner.start` takes the first slot to free
+        (was: a scan of the whole ledger per placement, 28 ms a heartbeat with 2,000 in flight)."""
+        sent: dict[str, list[Sent]] = {name: [] for name in slots}
+        for e in self._sent.values():
+            if e.pool in sent:
+                sent[e.pool].append(e)
+        heaps: dict[str, list[float]] = {}
+        for name, n in slots.items():
+            mine = sent[name]
+            if n <= 0:
+                heaps[name] = []
+                continue
+            heap = [max(now, e.start_at + e.run_s) for e in mine[:n]] + [now] * max(0, n - len(mine))
+            heapq.heapify(heap)
+            for e in mine[n:]:
+                heapq.heappush(heap, max(heapq.heappop(heap), now) + e.run_s)
+            heaps[name] = heap
+        return SlotPlanner(heaps, now)
+
+
+class SlotPlanner:
+    """Each pool's slots as a heap of the times they free; see :meth:`Ledger.planner`."""
+
+    def __init__(self, heaps: dict[str, list[float]], now: float) -> None:
+        self._heaps = heaps
+        self.now = now
+
+    def start(self, name: str, run_s: float) -> float:
+        """The start of a task of ``run_s`` seconds sent to pool ``name`` now (its slot is then
+        taken until start + run_s); ``now`` on a pool without slots."""
+        heap = self._heaps.get(name)
+        if not heap:
+            return self.now
+        start = max(heap[0], self.now)
+        heapq.heapreplace(heap, start + run_s)
+        return start
 
 
 def _chain(running: list[float], waiting: list[Sent], slots: int, now: float) -> tuple[float, ...]:

@@ -450,3 +450,21 @@ def test_a_task_in_an_airflow_pool_is_never_held(executor: DRLExecutor) -> None:
     assert held == {id(free)}
     (rec,) = [r for _, r in records]
     assert rec.task_id == "b" and rec.fallback and "keeps its slot of Airflow pool 'api_rate_limit'" in rec.reason
+
+
+def test_start_times_are_read_once_per_try(executor: DRLExecutor, monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[list[str]] = []
+
+    def started(session, ti_ids):  # type: ignore[no-untyped-def]
+        asked.append(sorted(ti_ids))
+        return {i: 100.0 for i in ti_ids if i.startswith("run")}
+
+    monkeypatch.setattr(executor.graph_builder, "started", started)
+    for k, ti_id in enumerate(("run-1", "wait-1", "run-2")):
+        executor.ledger.add(("k", k), "gpu", ti_id, 10.0, 0.0)
+        executor.running.add(("k", k))
+    assert executor._starts(None) == {"run-1": 100.0, "run-2": 100.0}
+    executor._started = {"run-1": 100.0, "run-2": 100.0}
+    executor.running.discard(("k", 2))  # run-2 finished
+    assert executor._starts(None) == {"run-1": 100.0}
+    assert asked == [["run-1", "run-2", "wait-1"], ["wait-1"]], "a start seen once is not asked again"
