@@ -54,6 +54,7 @@ class PoolWatch:
         self._live: dict[str, int] | None = None
         self._at = float("-inf")
         self._blind = False  # the last check learned nothing (logged once until one does)
+        self._foreign: frozenset[str] = frozenset()  # queues workers consume that are no pool (last logged)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -75,10 +76,17 @@ class PoolWatch:
             self._learned_nothing("no Celery worker answered")
             return None
         count = dict.fromkeys(self.pools, 0)
+        foreign: set[str] = set()
         for queues in replies.values():
             for name in {q.get("name") for q in queues or () if isinstance(q, Mapping)}:
                 if name in count:
                     count[name] += 1
+                elif isinstance(name, str):
+                    foreign.add(name)
+        if foreign and foreign != self._foreign:  # a typo in the catalogue shows here (found by review)
+            log.info("DRLExecutor: Celery workers consume queues that are not pools of the catalogue: %s "
+                     "(tasks routed there are sent unplaced)", ", ".join(sorted(foreign)))
+        self._foreign = frozenset(foreign)
         with self._lock:
             before, blind = self._live, self._blind or self._live is None
             self._live, self._at, self._blind = count, self._clock(), False

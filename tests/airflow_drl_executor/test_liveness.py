@@ -68,6 +68,20 @@ def test_no_answer_a_failed_broadcast_or_a_stale_answer_is_unknown(caplog: pytes
     assert len(blind) == 1 and "ConnectionError: broker gone" in blind[0], "said once, with the cause"
 
 
+def test_queues_workers_consume_that_are_no_pool_are_named_once(caplog: pytest.LogCaptureFixture) -> None:
+    """was: ignored without a word: a pool misspelled in the catalogue ('cpu_small') looked like a
+    pool without workers, and nothing pointed at the queue its workers did consume"""
+    watch = _watch([_replies(("cpu_small",), ("cpu-large", "vpn"), ("gpu",))] * 2 + [_replies(("gpu", "vpn"))])
+    with caplog.at_level(logging.INFO, logger="airflow_drl_executor.liveness"):
+        for _ in range(3):
+            watch.check()
+    named = [r.getMessage() for r in caplog.records if "not pools of the catalogue" in r.getMessage()]
+    assert named == ["DRLExecutor: Celery workers consume queues that are not pools of the catalogue: "
+                     "cpu_small, vpn (tasks routed there are sent unplaced)",
+                     "DRLExecutor: Celery workers consume queues that are not pools of the catalogue: "
+                     "vpn (tasks routed there are sent unplaced)"], "once per change"
+
+
 def test_a_pool_going_down_and_coming_back_is_logged_once_each(caplog: pytest.LogCaptureFixture) -> None:
     watch = _watch([_replies(("gpu",), ("cpu-small",), ("cpu-large",)), _replies(("cpu-small",), ("cpu-large",)),
                     _replies(("cpu-small",), ("cpu-large",)), _replies(("gpu",), ("cpu-small",), ("cpu-large",))])
