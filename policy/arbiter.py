@@ -123,8 +123,9 @@ def violation(decision: Decision, request: PlacementRequest, graph: RunGraph | N
     task = graph.tasks[idx]
     options = feasible(task, request.pools)
     if not options:
-        # Nothing can hold it: any live pool is as good as the heuristic's "largest" guess.
-        return None if pool.up else f"pool {pool.name} is down"
+        # Nothing can hold it: any live pool is as good as the heuristic's "largest" guess (and
+        # with every pool down, any pool: was a fallback to another down pool, counted infeasible)
+        return None if pool.up or not any(p.up for p in request.pools) else f"pool {pool.name} is down"
     if any(p.name == pool.name for p in options):
         return None
     if task.pool is not None and task.pool != pool.name:

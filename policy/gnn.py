@@ -98,6 +98,7 @@ from policy.features import (
 )
 from policy.lru import LRU
 from policy.model import NEG_INF, PlacementGNN, Step
+from policy.placement import down_note, unfit
 from policy.schema import Decision, PlacementRequest, RunGraph
 
 log = logging.getLogger(__name__)
@@ -525,7 +526,9 @@ class GNNPlacer:
         for i, choice, score, reason, fit in zip(order, choices, scores, reasons, fits, strict=True):
             pool = fb.pools[choice]
             if not fit:
-                reason += f"; no pool fits {fb.tasks[i].asks}"
+                reason += f"; {unfit(fb.tasks[i], fb.pools)}"
+            elif not pool.up:
+                reason += f"; {down_note(pool)}"
             if gated is not None and gated[i].any():
                 names = ",".join(p.name for p, g in zip(fb.pools, gated[i], strict=True) if g)
                 who = "every task" if self.cp_gate_scope == "all" else "off the critical path"

@@ -9,6 +9,7 @@ the executor, so what the lab measures is what production runs.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 from policy.graph import GraphView, view
@@ -37,6 +38,24 @@ def feasible(task: TaskNode, pools: Sequence[PoolState]) -> list[PoolState]:
     a GPU task is not sent to a CPU box, nor a pinned task off its pin, because a pool is down)."""
     fit = [p for p in pools if p.fits(task)]
     return [p for p in fit if p.up] or fit
+
+
+def unfit(task: TaskNode, pools: Sequence[PoolState]) -> str:
+    """Why no pool satisfies ``task``'s hard constraints, for a decision's reason: a pin its
+    pool cannot honour is named as such (found by review: a task pinned to a pool too small for it
+    was placed off its pin with the reason 'no pool fits', while other pools did)."""
+    if task.pool is not None:
+        unpinned = replace(task, pool=None)
+        if not any(p.name == task.pool for p in pools):
+            return f"pinned to {task.pool}, which is not one of the pools: placed off its pin"
+        if any(p.fits(unpinned) for p in pools):
+            return f"pinned to {task.pool}, which cannot hold {task.asks}: placed off its pin"
+    return f"no pool fits {task.asks}"
+
+
+def down_note(pool: PoolState) -> str:
+    """A reason's note for a decision to a pool that is down (it was the only pool that may run it)."""
+    return f"{pool.name} is down, the only pool that may run it: queued for its workers"
 
 
 def ordered_ready(
@@ -82,7 +101,7 @@ class EarliestFinishPlacer:
             # Nothing satisfies the hard constraints: choose the largest live pool and say so.
             live = [p for p in pools if p.up] or list(pools)
             candidates = [max(live, key=lambda p: (p.cpus, p.memory_gb, p.gpus))]
-            note = f"; no pool fits {task.asks}"
+            note = f"; {unfit(task, pools)}"
         scored = []
         for p in candidates:
             run_s = task.duration_s / p.speed_for(task.kind)
@@ -98,10 +117,10 @@ class EarliestFinishPlacer:
         )
         if len(scored) > 1:
             reason += f"; next {scored[1][3].name} {scored[1][0]:.1f}s"
-        if task.pool is not None:
+        if task.pool is not None and task.pool == best.name:
             reason += f"; pinned to {task.pool}"
         if not best.up:
-            reason += f"; {best.name} is down, the only pool that may run it: queued for its workers"
+            reason += f"; {down_note(best)}"
         return Decision(
             run_key=ready.run_key,
             task_id=ready.task_id,

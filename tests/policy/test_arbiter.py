@@ -91,6 +91,15 @@ def test_nothing_fits_keeps_a_live_choice() -> None:
     assert out[0].pool == "gpu" and not seen
 
 
+def test_nothing_fits_and_every_pool_down_keeps_the_placers_choice() -> None:
+    """was: overruled for being down, replaced by the heuristic's choice of another down pool, and
+    counted as an infeasible decision"""
+    a, seen = arbiter()
+    down = tuple(replace(p, up=False) for p in POOLS)
+    out = a.decide(Fixed("small"), req("huge", pools=down), {"r": GRAPH})
+    assert out[0].pool == "small" and out[0].reason == "fixed" and not seen
+
+
 def test_no_decision_means_wait_and_a_failing_placer_falls_back() -> None:
     a, seen = arbiter()
     assert a.decide(Fixed(None), req("light"), {"r": GRAPH}) == []  # late binding: the task waits

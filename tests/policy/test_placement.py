@@ -48,6 +48,36 @@ def test_infeasible_task_gets_largest_pool_and_says_so() -> None:
     assert d.pool == "large" and "no pool fits" in d.reason
 
 
+@pytest.mark.parametrize("pin, says", [
+    ("small", "pinned to small, which cannot hold cpus=8 mem=1GB gpus=0: placed off its pin"),
+    ("nowhere", "pinned to nowhere, which is not one of the pools: placed off its pin"),
+])
+def test_a_pin_that_cannot_be_honoured_is_named_in_the_reason(pin: str, says: str) -> None:
+    """was: 'no pool fits cpus=8 ...' while the pool it went to fits, and the GNN said the same"""
+    from gnn_helpers import ROOT
+
+    from policy.gnn import GNNPlacer
+
+    g = RunGraph("d/r", (TaskNode("t", cpus=8, pool=pin),), ())
+    req = PlacementRequest("q", (ReadyTask("d/r", "t"),), (SMALL, LARGE, GPU))
+    for placer in (EarliestFinishPlacer(), GNNPlacer.from_checkpoint(ROOT / "policy" / "checkpoints" / "default")):
+        (d,) = placer.place(req, {"d/r": g})
+        assert d.pool in ("large", "gpu") and d.reason.endswith(says) and "no pool fits" not in d.reason, d.reason
+
+
+def test_the_gnn_says_a_chosen_pool_is_down() -> None:
+    """was: 'only usable pool ...' for a GPU task queued on a GPU pool that is down, as if it ran"""
+    from gnn_helpers import ROOT
+
+    from policy.gnn import GNNPlacer
+
+    down_gpu = PoolState("gpu", "g", slots=1, cpus=8, memory_gb=64, gpus=1, speed=1.5, up=False)
+    g = RunGraph("d/r", (TaskNode("train", gpus=1, kind="gpu_train"),), ())
+    req = PlacementRequest("q", (ReadyTask("d/r", "train"),), (SMALL, LARGE, down_gpu))
+    (d,) = GNNPlacer.from_checkpoint(ROOT / "policy" / "checkpoints" / "default").place(req, {"d/r": g})
+    assert d.pool == "gpu" and d.reason.endswith("gpu is down, the only pool that may run it: queued for its workers")
+
+
 def test_critical_path_first() -> None:
     # a -> c (long tail); b alone. One fast slot: a (longer remaining path) gets it.
     tasks = (TaskNode("a", duration_s=1), TaskNode("b", duration_s=5), TaskNode("c", duration_s=50))
