@@ -166,6 +166,8 @@ class PlacementClient:
         )
         payload = dumps(message)
         if len(payload) > self.max_request_bytes:
+            message, payload = self._fit(message, len(payload))
+        if len(payload) > self.max_request_bytes:
             self._forget(graphs)
             raise PlacementUnavailable(f"request of {len(payload)} bytes exceeds the policy servers' limit "
                                        f"of {self.max_request_bytes}; not sent")
@@ -192,6 +194,32 @@ class PlacementClient:
         else:  # an error reply: which graphs it kept is unknown; resend them next time
             self._forget(graphs)
         return reply
+
+    def _fit(self, message: PlacementRequest, size: int) -> tuple[PlacementRequest, str]:
+        """``message`` cut to the runs whose graphs fit the servers' limit (the runs sent by
+        reference first, then the smallest new graphs), and its JSON: the ready tasks of the runs
+        left out get no decision now (the executor offers them again at the next heartbeat, when
+        the graphs sent now go by reference). Without this, runs whose graphs exceed the limit
+        together were placed by the fallback at every heartbeat they shared (found by review: six
+        10,000-task runs ready at once, 9 MB)."""
+        sizes = {e.run_key: len(dumps(e)) for e in message.runs}
+        room = self.max_request_bytes - (size - sum(sizes.values()))  # what the rest of the request takes
+        keep: set[str] = set()
+        for entry in sorted(message.runs, key=lambda e: (isinstance(e, RunGraph), sizes[e.run_key])):
+            if sizes[entry.run_key] + 2 > room:  # (+2: the separator and some slack per run)
+                break
+            room -= sizes[entry.run_key] + 2
+            keep.add(entry.run_key)
+        ready = tuple(t for t in message.ready if t.run_key in keep)
+        if not ready:
+            return message, dumps(message)
+        left = sorted({e.run_key for e in message.runs} - keep)
+        log.warning("request %s of %d bytes over the servers' limit of %d: %d run(s) sent now, %d left for the next "
+                    "heartbeat (%s)", message.request_id, size, self.max_request_bytes, len(keep), len(left),
+                    ", ".join(left[:5]) + (" ..." if len(left) > 5 else ""))
+        cut = replace(message, ready=ready, runs=tuple(e for e in message.runs if e.run_key in keep),
+                      progress=tuple(p for p in message.progress if p.run_key in keep))
+        return cut, dumps(cut)
 
     def _forget(self, graphs: Mapping[str, RunGraph]) -> None:
         """Send these runs' graphs in full next time."""

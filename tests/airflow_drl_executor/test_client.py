@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 import redis
@@ -153,3 +154,24 @@ def test_a_hung_redis_holds_the_scheduler_little_past_the_deadline() -> None:
         for conn in held:
             conn.close()
         listener.close()
+
+
+def test_runs_over_the_limit_together_are_sent_over_heartbeats(redis_url: str,
+                                                                policy_server: Callable[..., PolicyServer]) -> None:
+    """Two new runs whose graphs fit the limit one at a time: the first request places the
+    tasks of one (the other's get no decision: offered again at the next heartbeat), the next
+    sends that one by reference and the other in full. was: the whole batch refused, at every
+    heartbeat while the runs shared batches."""
+    from policy.schema import dumps
+
+    policy_server()
+    a, b = _big_graph(run="d/a", n=30), _big_graph(run="d/b", n=30)
+    one = len(dumps(PlacementRequest("x", (ReadyTask("d/a", "task-0000"),), POOLS, runs=(a,))))
+    client = _client(redis_url, max_request_bytes=one + 400)
+    request = PlacementRequest("r1", (ReadyTask("d/a", "task-0000"), ReadyTask("d/b", "task-0000")), POOLS)
+    first = client.place(request, {"d/a": a, "d/b": b})
+    assert len(first.decisions) == 1
+    placed = first.decisions[0].run_key
+    second = client.place(replace(request, request_id="r2"), {"d/a": a, "d/b": b})
+    assert sorted(d.run_key for d in second.decisions) == ["d/a", "d/b"], "the other run's graph, now it fits"
+    assert placed in {"d/a", "d/b"}
