@@ -8,6 +8,7 @@ server whose heartbeat is stale is skipped at once too.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import OrderedDict
@@ -195,14 +196,14 @@ class PlacementClient:
             self._forget(graphs)
         return reply
 
-    def _fit(self, message: PlacementRequest, size: int) -> tuple[PlacementRequest, str]:
+    def _fit(self, message: PlacementRequest, size: int) -> tuple[PlacementRequest, bytes]:
         """``message`` cut to the runs whose graphs fit the servers' limit (the runs sent by
         reference first, then the smallest new graphs), and its JSON: the ready tasks of the runs
         left out get no decision now (the executor offers them again at the next heartbeat, when
         the graphs sent now go by reference). Without this, runs whose graphs exceed the limit
         together were placed by the fallback at every heartbeat they shared (found by review: six
         10,000-task runs ready at once, 9 MB)."""
-        sizes = {e.run_key: len(dumps(e)) for e in message.runs}
+        sizes = {e.run_key: len(json.dumps(e.to_json(), separators=(",", ":")).encode()) for e in message.runs}
         room = self.max_request_bytes - (size - sum(sizes.values()))  # what the rest of the request takes
         keep: set[str] = set()
         for entry in sorted(message.runs, key=lambda e: (isinstance(e, RunGraph), sizes[e.run_key])):
