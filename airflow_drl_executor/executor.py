@@ -142,8 +142,8 @@ class DRLExecutor(CeleryExecutor):
         for ti in keep:
             key = self._ti_key(ti)
             if key in self.running and ti.queue in self.catalogue.names:
-                speed = self.catalogue.pool(ti.queue).vm_class.speed
-                self.ledger.add(key, ti.queue, str(ti.id), self.drl_config.default_duration_s / max(speed, 1e-3), now)
+                run_s = self._run_s(self.catalogue.pool(ti.queue).state(), None)
+                self.ledger.add(key, ti.queue, str(ti.id), run_s, now)
         return not_adopted
 
     def _never_sent(self, tis: Sequence[Any]) -> set[int]:
@@ -240,21 +240,22 @@ class DRLExecutor(CeleryExecutor):
         may grow; with the pool liveness check on, each pool's live Celery workers (a pool that
         must have a worker and has none is down; one that may scale to zero is not)."""
         live = self._pool_watch.live_workers() if self._pool_watch is not None else None
-        now = time.time()
-        out = []
+        states = []
         for spec in self.catalogue.pools:
             workers, up = spec.workers, True
             if live is not None:
                 workers = live.get(spec.name, 0)
                 up = workers > 0 or spec.floor == 0
-            st = spec.state(workers=workers, up=up)
-            load = self.ledger.load(
-                spec.name, st.slots, now, alive=self.running, started=self._started,
-                running_there=None if self._running_in_db is None else self._running_in_db.get(spec.name, 0))
+            states.append(spec.state(workers=workers, up=up))
+        loads = self.ledger.loads({st.name: st.slots for st in states}, time.time(), alive=self.running,
+                                  started=self._started, running_there=self._running_in_db)
+        out = []
+        for spec, st in zip(self.catalogue.pools, states, strict=True):
+            load = loads[st.name]
             top = (spec.max_workers if spec.max_workers is not None else spec.workers) * spec.slots_per_worker
             out.append(replace(st, busy=load.busy, queued=load.queued, free_at=load.free_at, boot_s=spec.boot_delay_s,
                                # a pool that is down grows no more than it runs (as in the simulator)
-                               max_slots=top if up and spec.elastic and top > st.slots else None))
+                               max_slots=top if st.up and spec.elastic and top > st.slots else None))
         return tuple(out)
 
     def _starts(self, session: Any) -> dict[str, float]:
@@ -323,7 +324,7 @@ class DRLExecutor(CeleryExecutor):
             )
             for w in tasks
         ]
-        pools = self.pool_states()
+        pools: tuple[PoolState, ...] | None = None  # read after the DB (the pools' load is in it)
         graphs: dict[str, RunGraph] = {}
         policy, version = self.fallback_placer.name, self.fallback_placer.version
         decisions: dict[tuple[str, str], Decision] = {}
@@ -352,6 +353,8 @@ class DRLExecutor(CeleryExecutor):
             self.log.exception("DRLExecutor: placement request %s failed", request_id)
             decisions, asked = {}, set()
             unplaced = f"fallback: placement failed: {type(exc).__name__}: {exc}"
+        if pools is None:  # the request could not be built: the fallback places with what is known
+            pools = self.pool_states()
         if failed:
             self.log.warning("DRLExecutor: request %s: fallback for the runs whose graph cannot be built: %s",
                              request_id, "; ".join(f"{k}: {v}" for k, v in failed.items()))

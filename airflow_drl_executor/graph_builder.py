@@ -183,7 +183,8 @@ class GraphBuilder:
         for inst in ready:
             if inst.run_key not in newest or inst.dag_version_id > newest[inst.run_key].dag_version_id:
                 newest[inst.run_key] = inst
-        rows = self._ti_rows({(i.dag_id, i.run_id) for i in ready}, session)
+        runs = {(i.dag_id, i.run_id) for i in ready}
+        rows = self._ti_rows(runs, session)
         expansions = _expansions(rows)
         for run_key, inst in newest.items():
             try:
@@ -198,7 +199,7 @@ class GraphBuilder:
                 ignored[key] = problems[inst.run_key][inst.task_id]
             if key not in tasks:
                 tasks[key] = ReadyTask(run_key=inst.run_key, task_id=inst.node, try_number=inst.try_number)
-        progress = _progress(rows, self._run_ages({(i.dag_id, i.run_id) for i in ready}, session))
+        progress = _progress(rows, self._run_ages(runs, session))
         # The ready tasks, and the others queued to the executor and not sent to Celery (``not_sent``:
         # held, or not offered for want of a slot), are "queued" in the database but not
         # dispatched yet: not running, as in the simulator the policy was trained in.
@@ -382,7 +383,7 @@ class GraphBuilder:
 
 def _uuid_text(value: object) -> str:
     """A task instance id as ``str(uuid)`` writes it, whatever type the database gave it back."""
-    return str(value if isinstance(value, uuid.UUID) else uuid.UUID(str(value)))
+    return str(uuid.UUID(str(value)))
 
 
 def _expansions(rows: Iterable[tuple[str, str, int, str]]) -> dict[str, dict[str, tuple[int, ...]]]:

@@ -6,13 +6,7 @@
 cd "$(dirname "$0")/.."
 OLD=${1:?usage: scripts/server_latency_ab.sh OLD_COMMIT [OUT]}
 OUT=${2:-runs/server-latency-ab}
-set -eo pipefail
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-mkdir -p "$TMP/src" "$TMP/run"  # run from an empty folder: the server is started with python -m
-git archive "$OLD" policy | tar -x -C "$TMP/src"
-.venv/bin/python -c "from policy.registry import activate; activate('$TMP/reg', '$PWD/policy/checkpoints/default')"
-mkdir -p "$OUT"
+source scripts/ab_setup.sh
 for i in 1 2 3; do for v in old new; do
   if [ $v = old ]; then export PYTHONPATH=$TMP/src; else unset PYTHONPATH; fi
   (cd "$TMP/run" && "$OLDPWD/.venv/bin/drl-policy" --log-level WARNING bench --placer gnn --registry "$TMP/reg" \
