@@ -456,10 +456,10 @@ class DRLExecutor(CeleryExecutor):
             key = (inst.run_key, inst.node)
             if key in nodes:
                 continue
-            nodes[key], wrong = lenient_node(
+            nodes[key], wrong = lenient_node(  # in the batch's (priority) order: graph_builder.task_node
                 inst.node, drl_hints(getattr(w.ti, "executor_config", None)), str(w.ti.queue),
-                float(getattr(w.ti, "priority_weight", 1) or 1), duration_s=self.drl_config.default_duration_s,
-                pool_names=self.catalogue.names, default_queue=self.default_queue)
+                duration_s=self.drl_config.default_duration_s, pool_names=self.catalogue.names,
+                default_queue=self.default_queue)
             why[key] = reason + "".join(f"; ignored: {p}" for p in wrong)
         by_run: dict[str, list[TaskNode]] = {}
         for (run_key, _), node in nodes.items():

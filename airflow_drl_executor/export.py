@@ -97,13 +97,12 @@ def _graph(run_key: str, rows: Sequence[dict[str, Any]], builder: GraphBuilder, 
         if seconds is not None and r["pool"] in vms:
             observed[task_id].append((r["pool"], seconds))
     nodes = []
-    for task_id, hints, queue, weight in zip(structure.task_ids, structure.hints, structure.queues,
-                                             structure.weights, strict=True):
+    for task_id, hints, queue in zip(structure.task_ids, structure.hints, structure.queues, strict=True):
         rec = placed.get(task_id)
         if rec is not None and rec["features"] != "{}":  # (an instance's node: named for the task here)
             node = replace(TaskNode.from_json(json.loads(rec["features"])), task_id=task_id)
         else:  # never placed (or placed outside the graph): what the graph builder would send
-            node, _ = lenient_node(task_id, hints, queue, weight, duration_s=builder.default_duration_s,
+            node, _ = lenient_node(task_id, hints, queue, duration_s=builder.default_duration_s,
                                    pool_names=builder.pool_names, default_queue=builder.default_queue)
         if observed[task_id]:
             node = replace(node, duration_s=max(

@@ -10,7 +10,7 @@ part (its later steps are masked, not skipped, so a CUDA device never waits for 
 Identity with the one-request decoder (tested in ``tests/policy/test_gnn.py``): the same
 quantities in the same order and precision (pair columns in float64 cast to float32, the head in
 float32, logits in float64), and each request's rows laid out in its decode order, so that the
-argmax's "first maximum" breaks ties exactly as ``numpy.argmax`` over the surviving rows does.
+greedy choice's near-ties (:func:`policy.model.greedy_choice`) break exactly as over the surviving rows.
 Matrix products and sums of different shapes may still round differently in the last float32
 bit (the scores differ by ~1e-6): decisions could differ only between choices that tie to within
 that, and on a GPU, whose kernels round differently from the CPU's, by the same margin.
@@ -67,7 +67,7 @@ from policy.features import (
     pool_free_within,
     reserves,
 )
-from policy.model import NEG_INF, PlacementGNN
+from policy.model import NEG_INF, TIE_TOLERANCE, PlacementGNN
 
 _LOG = 8.0  # the scale of policy.features' log columns
 _CHECK_EVERY = 4  # off the CPU: steps between checks whether every request is done
@@ -356,7 +356,7 @@ def compiled_steps(fb: FeatureBatch, tab: tuple[np.ndarray, ...], pre: np.ndarra
         finish, free_table, cur, fin, free_now, fb.pairs.ref, guard, ~keep, fb.order, a,
         np.ascontiguousarray(g, dtype=np.float32), weights["s0_w"], weights["s0_b"], weights["s2_w"],
         weights["s2_b"], fb.pairs.top, reserve_busy, allow_wait, any(q.busy + q.queued > 0 for q in fb.pools),
-        math.log(hold_ratio), NEG_INF)
+        math.log(hold_ratio), NEG_INF, TIE_TOLERANCE)
 
 
 def row_evidence(rows: np.ndarray, logits: np.ndarray, d: np.ndarray, z: np.ndarray, x_all: np.ndarray,
@@ -464,7 +464,12 @@ def _steps(xp: _Ops, pre: Any, a: Any, g: Any, c_t: Any, c_dyn: Any, w: Any, w_b
         a_mean = (a * remaining[:, :, None]).sum(1) / count  # [S, H]
         stop_hidden = m.clip(m.concatenate([a_mean, g], -1) @ s0_w + s0_b, 0, None)
         stop = m.where(stop_ok, xp.cast(stop_hidden @ s2_w + s2_b, xp.f64), NEG_INF)  # [S]
-        choice = m.concatenate([logits.reshape(S, stop_col), stop[:, None]], 1).argmax(1)
+        # stop only when greater than every pair; else the first row (decode order) whose best
+        # pair is within TIE_TOLERANCE of the maximum, on its first best pool (policy.model.greedy_choice)
+        row_best = xp.max_last(logits)[..., 0]  # [S, R]
+        top_logit = xp.max_last(row_best)  # [S, 1]
+        k = xp.cast(row_best >= top_logit - TIE_TOLERANCE, xp.i64).argmax(1)
+        choice = m.where(stop > top_logit[:, 0], stop_col, k * P + logits[arange, k].argmax(1))
         take = active & (choice < stop_col)  # a row was chosen: sent, or reserving its pool
         k = m.clip(choice // P, None, R - 1)
         pool = choice % P

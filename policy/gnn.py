@@ -97,7 +97,7 @@ from policy.features import (
     reserves,
 )
 from policy.lru import LRU
-from policy.model import NEG_INF, PlacementGNN, Step
+from policy.model import NEG_INF, PlacementGNN, Step, greedy_choice
 from policy.placement import down_note, unfit
 from policy.schema import Decision, PlacementRequest, RunGraph
 
@@ -376,21 +376,18 @@ class GNNPlacer:
             else:
                 stop = NEG_INF
             stop_col = logits.size
-            if temp > 0 or record:
+            if temp > 0:
                 flat = np.append(logits.ravel(), stop)
-                if temp > 0:
-                    zt = flat / temp
-                    p = np.exp(zt - _logsumexp(zt))
-                    choice = int(self.rng.choice(len(flat), p=p / p.sum()))
-                else:
-                    choice = int(np.argmax(flat))
-                if record:
-                    total_logp += float(flat[choice] - _logsumexp(flat))
+                zt = flat / temp
+                p = np.exp(zt - _logsumexp(zt))
+                choice = int(self.rng.choice(len(flat), p=p / p.sum()))
             else:
-                # np.argmax over [logits, stop]: the first maximum, so stop only when greater
-                choice = int(logits.argmax())
-                if stop > logits.flat[choice]:
-                    choice = stop_col
+                # stop only when greater than every pair; else the greedy pair, near-ties to the
+                # row first in decode order (policy.model.TIE_TOLERANCE)
+                choice = stop_col if stop > logits.max() else greedy_choice(logits)
+            if record:
+                flat = np.append(logits.ravel(), stop)
+                total_logp += float(flat[choice] - _logsumexp(flat))
             if choice == stop_col:  # stop: hold every remaining row
                 if record:
                     steps.append(Step(dynamics.placed.copy(), rows.copy(), None, stop_ok, self.reserve_busy,

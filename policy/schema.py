@@ -136,7 +136,11 @@ class TaskNode:
 
     ``duration_s`` is the expected run time on a VM of relative speed 1.0 (from history or the
     task's ``executor_config``); ``kind`` names a task type for pool affinity (e.g. ``"gpu_train"``);
-    ``pool`` is set when the DAG author pinned the task to one queue.
+    ``pool`` is set when the DAG author pinned the task to one queue. ``priority`` is in the lab's
+    sense, as the WfFormat traces the policy trained on give it (Pegasus: 20 + 10 x the task's
+    depth, a later stage higher; 1 where a trace has none), not Airflow's ``priority_weight``: the
+    executor sends 1 and lists ready tasks in Airflow's priority order instead
+    (``airflow_drl_executor.graph_builder.task_node``).
     """
 
     task_id: str

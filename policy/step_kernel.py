@@ -5,7 +5,8 @@ numpy calls on arrays of a few hundred numbers, so a step costs what the calls c
 microseconds each), not what the arithmetic does. :func:`greedy_steps` runs the same steps in
 one compiled call: the same quantities (the head's first layer from the precomputed static part
 ``pre`` plus the dynamic columns times ``c_dyn``, the late-binding mask, the stop guard and stop
-head, the first-maximum argmax over the surviving (row, pool) pairs against stop) and the same
+head, the greedy choice over the surviving (row, pool) pairs against stop, near-ties to the row
+first in decode order as :func:`policy.model.greedy_choice`) and the same
 state updates as :class:`policy.features.PairDynamics` (a placement on pool ``j`` copies in
 column ``j`` at its new backlog from the table and retakes every row's finish ratio). A pair's
 head output is kept between steps and recomputed only when its columns changed (the placed
@@ -49,7 +50,7 @@ def _greedy_steps(pre: np.ndarray, c_dyn: np.ndarray, w: np.ndarray, w_b: np.nda
                   ref: np.ndarray, fit: np.ndarray, blocked: np.ndarray, order: np.ndarray, a: np.ndarray,
                   g: np.ndarray, s0_w: np.ndarray, s0_b: np.ndarray, s2_w: np.ndarray, s2_b: np.ndarray,
                   top: np.ndarray, reserve_busy: bool, allow_wait: bool, busy_anywhere: bool, log_ratio: float,
-                  neg_inf: float) -> tuple[Any, ...]:
+                  neg_inf: float, tie: float) -> tuple[Any, ...]:
     """The greedy steps of one request (shapes: ``n`` ready rows, ``P`` pools, ``H`` hidden).
 
     ``pre [n, P, H]`` f32: the head's first layer without the dynamic columns; ``c_dyn [5, H]``,
@@ -58,7 +59,8 @@ def _greedy_steps(pre: np.ndarray, c_dyn: np.ndarray, w: np.ndarray, w_b: np.nda
     backlog (index: tasks placed on the pool); ``cur [n, P, 5]`` / ``fin [n, P]`` / ``free [P]``
     its current state, updated in place; ``ref`` / ``fit`` / ``blocked [n, P]`` bool; ``order
     [n]`` the rows in decode order; ``a [n, H]``, ``g [H]`` and ``s0_w [2H, H2]``, ``s0_b``,
-    ``s2_w [H2]``, ``s2_b [1]`` the stop head's inputs and weights; ``top [P]`` the most slots per pool.
+    ``s2_w [H2]``, ``s2_b [1]`` the stop head's inputs and weights; ``top [P]`` the most slots per pool;
+    ``tie`` :data:`policy.model.TIE_TOLERANCE`.
 
     Returns ``(actions [n], sent [n], n_sent, reserved [n], n_reserved, d_kept [n, P, 5],
     z_kept [n, P, H], logits_kept [n, P], held [n], n_held, held_logits [n, P])``: the pool of
@@ -90,7 +92,7 @@ def _greedy_steps(pre: np.ndarray, c_dyn: np.ndarray, w: np.ndarray, w_b: np.nda
     a_sum = np.empty(hidden, dtype=np.float32)
     stop_in = np.empty(2 * hidden, dtype=np.float32)
     while nrows > 0:
-        # the logits of every surviving pair, the guard and the first maximum as numpy's argmax
+        # the logits of every surviving pair, the guard and their first maximum
         free_near = False
         best_logit = -math.inf
         best_k = 0
@@ -128,6 +130,19 @@ def _greedy_steps(pre: np.ndarray, c_dyn: np.ndarray, w: np.ndarray, w_b: np.nda
                     best_logit = lg
                     best_k = k
                     best_p = p
+        # near-ties go to the row first in decode order, on its first best pool (policy.model.greedy_choice)
+        for k in range(nrows):
+            r = rows[k]
+            row_best = logits[r, 0]
+            row_p = 0
+            for p in range(1, num_pools):
+                if logits[r, p] > row_best:
+                    row_best = logits[r, p]
+                    row_p = p
+            if row_best >= best_logit - tie:
+                best_k = k
+                best_p = row_p
+                break
         any_free = False
         for p in range(num_pools):
             if free[p]:
@@ -219,7 +234,7 @@ def warm_up() -> bool:
                  np.zeros((n, p, 5), f32), np.ones((n, p), f64), np.ones(p, np.bool_), np.ones((n, p), np.bool_),
                  np.ones((n, p), np.bool_), np.zeros((n, p), np.bool_), np.arange(n, dtype=np.int64),
                  np.zeros((n, h), f32), np.zeros(h, f32), np.zeros((2 * h, h), f32), np.zeros(h, f32), np.zeros(h, f32),
-                 np.zeros(1, f32), np.ones(p, f64), True, True, True, math.inf, -1e9)
+                 np.zeros(1, f32), np.ones(p, f64), True, True, True, math.inf, -1e9, 1e-4)
     _warm = True
     log.info("compiled decode steps ready in %.2f s (numba %s)", time.perf_counter() - t0, numba.__version__)
     return True

@@ -1,10 +1,19 @@
-"""Does priority decide a contended slot? (docs/policy.md, "Found by review, 2026-12-06")
+"""Does priority decide a contended slot? (docs/policy.md, "Priority: what the policy learnt it as")
 
 Two otherwise identical ready tasks of one run, priorities p and k x p, on the GPU-affinity cluster
 under 200 random loads (seeded); for each request the default checkpoint places: count which task
-took the faster pool, or the only slot placed.
+took the faster pool, or the only slot placed, and which the policy chose first (sent, or
+reserving a busy pool: late binding). Then the same requests as the executor sends them since
+2026-12-06: both at priority 1, listed in Airflow's priority order (higher ``priority_weight``
+first), which decides where the policy finds them equal (``policy.model.TIE_TOLERANCE``).
 
     python scripts/priority_probe.py [SEED]
+
+The policy learnt ``priority`` from the lab's WfFormat traces (Pegasus: 20 + 10 x the task's depth,
+a later stage higher), so raw priorities are read that way round: "higher priority favoured 2,
+lower favoured 48, same speed 135, none placed 15; chosen first: higher 0, lower 199". As the
+executor sends them: chosen first: higher 198, lower 0, the other two held both (without the
+tolerance, ``TIE_TOLERANCE = 0.0``: 50 / 148, the rounding of identical rows decided).
 """
 
 from __future__ import annotations
@@ -27,6 +36,8 @@ def main() -> None:
     placer = GNNPlacer.from_checkpoint(ROOT / "policy" / "checkpoints" / "default")
     states = load_catalogue(ROOT / "policy" / "catalogues" / "gpu-affinity.yaml").states()
     higher = lower = same = none = 0
+    first = {"hi": 0, "lo": 0}
+    sent_first = {"hi": 0, "lo": 0}
     for trial in range(200):
         busy = {"cpu-small": int(rng.integers(0, 9)), "cpu-large": int(rng.integers(0, 5)),
                 "gpu": int(rng.integers(0, 3))}
@@ -39,6 +50,9 @@ def main() -> None:
         order = ("lo", "hi") if trial % 2 else ("hi", "lo")  # either listing order
         request = PlacementRequest(f"r{trial}", tuple(ReadyTask(g.run_key, t) for t in order), pools, runs=(g,))
         decisions = placer.place(request, {g.run_key: g})
+        steps = placer.decode(request, {g.run_key: g}, temperature=0.0).steps
+        if steps and steps[0].action is not None:
+            first[request.ready[steps[0].action[0]].task_id] += 1
         if not decisions:
             none += 1
         elif len(decisions) == 1:
@@ -50,7 +64,17 @@ def main() -> None:
             higher += speed[pool["hi"]] > speed[pool["lo"]]
             lower += speed[pool["hi"]] < speed[pool["lo"]]
             same += speed[pool["hi"]] == speed[pool["lo"]]
-    print(f"higher priority favoured {higher}, lower favoured {lower}, same speed {same}, none placed {none}")
+        # as the executor sends them: priority 1, the higher priority_weight listed first
+        # (another run key: the placer caches a run's embeddings by its key)
+        sent = RunGraph(f"sent/{trial}", tuple(dataclasses.replace(t, priority=1.0) for t in g.tasks), ())
+        ranked = dataclasses.replace(request, ready=(ReadyTask(sent.run_key, "hi"), ReadyTask(sent.run_key, "lo")),
+                                     runs=(sent,))
+        steps = placer.decode(ranked, {sent.run_key: sent}, temperature=0.0).steps
+        if steps and steps[0].action is not None:
+            sent_first[ranked.ready[steps[0].action[0]].task_id] += 1
+    print(f"raw priorities: higher priority favoured {higher}, lower favoured {lower}, same speed {same},"
+          f" none placed {none}; chosen first: higher {first['hi']}, lower {first['lo']}")
+    print(f"as the executor sends them: chosen first: higher {sent_first['hi']}, lower {sent_first['lo']}")
 
 
 if __name__ == "__main__":

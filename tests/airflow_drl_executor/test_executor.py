@@ -135,7 +135,7 @@ def test_pool_states_carry_the_ledger(executor: DRLExecutor) -> None:
 
 def _structure(*task_ids: str) -> _Structure:
     return _Structure(task_ids=task_ids, edges=(), hints=tuple({} for _ in task_ids),
-                      queues=tuple("default" for _ in task_ids), weights=tuple(1.0 for _ in task_ids))
+                      queues=tuple("default" for _ in task_ids))
 
 
 def test_one_run_with_two_dag_versions_in_a_batch(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -38,7 +38,6 @@ STRUCTURE = _Structure(
     edges=((0, 1), (0, 2), (0, 3)),
     hints=({}, {}, {"duration_s": 300, "cpus": 4, "memory_gb": 16, "kind": "etl"}, {"kind": "gpu_train"}),
     queues=("default", "default", "cpu-large", "default"),
-    weights=(1.0, 1.0, 5.0, 1.0),
 )
 
 
@@ -82,7 +81,7 @@ def test_an_unplaced_task_carries_its_declared_hints(session: Session) -> None:
     nodes, run = _export(session)
     report = nodes["report"]
     assert (report.duration_s, report.cpus, report.memory_gb, report.kind) == (300.0, 4.0, 16.0, "etl")
-    assert (report.priority, report.pool) == (5.0, "cpu-large")  # weight and queue pin, as graph_builder.task_node
+    assert (report.priority, report.pool) == (1.0, "cpu-large")  # priority and queue pin, as graph_builder.task_node
     # with no hint, the graph builder's default duration; a placed task keeps its observed one
     assert nodes["train"].kind == "gpu_train" and nodes["train"].duration_s == 60.0
     assert nodes["extract"].duration_s == pytest.approx(10.0)  # speed 1.0 on cpu-small

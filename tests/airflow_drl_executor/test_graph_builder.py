@@ -9,12 +9,13 @@ POOLS = ("cpu-small", "cpu-large", "gpu")
 
 
 def _node(hints: dict, queue: str = "default"):
-    return task_node("t", hints, queue, 3.0, duration_s=60.0, pool_names=POOLS, default_queue="default")
+    return task_node("t", hints, queue, duration_s=60.0, pool_names=POOLS, default_queue="default")
 
 
 def test_hints_override_defaults() -> None:
     node = _node({"duration_s": 120, "gpus": 1, "kind": "gpu_train", "memory_gb": 8})
-    assert (node.duration_s, node.gpus, node.kind, node.memory_gb, node.priority) == (120.0, 1.0, "gpu_train", 8.0, 3.0)
+    assert (node.duration_s, node.gpus, node.kind, node.memory_gb, node.priority) == (120.0, 1.0, "gpu_train", 8.0, 1.0)
+    assert _node({"priority": 30}).priority == 30.0  # the lab's priority, set explicitly
     assert node.pool is None
 
 
@@ -61,8 +62,7 @@ def test_mapped_instances_take_their_tasks_edges_hints_and_history(monkeypatch: 
     from airflow_drl_executor.graph_builder import GraphBuilder, ReadyInstance, _Structure, expand_mapped
 
     gb = GraphBuilder(pool_names=POOLS, default_queue="default", default_duration_s=60, history_ttl_s=300)
-    structure = _Structure(task_ids=("a", "b", "m"), edges=((0, 2), (2, 1)), queues=("default",) * 3,
-                           weights=(1.0,) * 3, hints=({}, {}, {"cpus": 4}))
+    structure = _Structure(task_ids=("a", "b", "m"), edges=((0, 2), (2, 1)), queues=("default",) * 3, hints=({}, {}, {"cpus": 4}))
     monkeypatch.setattr(gb, "structure", lambda vid, session: structure)
     monkeypatch.setattr(gb, "_durations", lambda dag_id, session: {"m": [("default", 30.0, 5)]})
     _no_db(monkeypatch, gb, [("d/r", "a", -1, "success"), ("d/r", "m", 0, "queued"), ("d/r", "m", 1, "queued"),
@@ -127,7 +127,7 @@ def test_observed_durations_are_brought_back_to_speed_one_and_replace_the_hint(
     catalogue = load_catalogue(packaged_catalogue())
     gb = GraphBuilder(pool_names=catalogue.names, default_queue="default", default_duration_s=60, history_ttl_s=300,
                       vm_classes={p.name: p.vm_class for p in catalogue.pools})
-    structure = _Structure(task_ids=("etl", "new", "train"), edges=(), queues=("default",) * 3, weights=(1.0,) * 3,
+    structure = _Structure(task_ids=("etl", "new", "train"), edges=(), queues=("default",) * 3,
                            hints=({"duration_s": 500}, {"duration_s": 500}, {"kind": "gpu_train"}))
     history = {"train": [("gpu", 2.0, 3), ("cpu-small", 24.0, 1)], "etl": [("cpu-large", 10.0, 1), ("default", 5.0, 1)]}
     monkeypatch.setattr(gb, "structure", lambda vid, session: structure)
@@ -148,8 +148,7 @@ def test_the_graph_cache_is_bounded_in_nodes_and_keeps_the_batchs_runs(monkeypat
     monkeypatch.setattr(gbm, "MAX_CACHED_NODES", 2500)
     gb = GraphBuilder(pool_names=POOLS, default_queue="default", default_duration_s=60, history_ttl_s=300)
     ids = tuple(f"t{i}" for i in range(1000))
-    big = _Structure(task_ids=ids, edges=(), hints=tuple({} for _ in ids), queues=tuple("default" for _ in ids),
-                     weights=tuple(1.0 for _ in ids))
+    big = _Structure(task_ids=ids, edges=(), hints=tuple({} for _ in ids), queues=tuple("default" for _ in ids))
     monkeypatch.setattr(gb, "structure", lambda vid, session: big)
     monkeypatch.setattr(gb, "_durations", lambda dag_id, session: {})
     _no_db(monkeypatch, gb)
@@ -169,8 +168,7 @@ def test_tasks_queued_to_the_executor_but_not_sent_are_not_running(monkeypatch: 
     from airflow_drl_executor.graph_builder import GraphBuilder, ReadyInstance, _Structure
     gb = GraphBuilder(pool_names=POOLS, default_queue="default", default_duration_s=60, history_ttl_s=300)
     ids = ("a", "held", "sent", "waiting")
-    structure = _Structure(task_ids=ids, edges=(), hints=tuple({} for _ in ids), queues=("default",) * 4,
-                           weights=(1.0,) * 4)
+    structure = _Structure(task_ids=ids, edges=(), hints=tuple({} for _ in ids), queues=("default",) * 4)
     monkeypatch.setattr(gb, "structure", lambda vid, session: structure)
     monkeypatch.setattr(gb, "_durations", lambda dag_id, session: {})
     _no_db(monkeypatch, gb, [("etl/r1", t, -1, "queued") for t in ("a", "held", "waiting")]
