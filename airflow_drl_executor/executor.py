@@ -49,6 +49,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: trace rows kept for the next heartbeat while the metadata DB refuses them (a few hundred bytes
+#: each; 10,000 is minutes of a busy scheduler's placements)
+_UNWRITTEN_MAX = 10_000
+
 
 class DRLExecutor(CeleryExecutor):
     """Celery executor with learned, per-task pool placement (see the module docstring)."""
@@ -82,6 +86,8 @@ class DRLExecutor(CeleryExecutor):
         self._running_in_db: dict[str, int] | None = None
         self._started: dict[str, float] | None = None
         self._traces_ready = False
+        #: trace rows the metadata DB refused, written with the next ones (module _UNWRITTEN_MAX)
+        self._unwritten: list[dict[str, Any]] = []
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -111,7 +117,12 @@ class DRLExecutor(CeleryExecutor):
                           "placed on a pool, and a callback for that queue runs on a live CPU pool",
                           self.default_queue)
 
+    def sync(self) -> None:
+        self._flush_traces()  # those the DB refused, at every heartbeat until it takes them
+        super().sync()
+
     def end(self, synchronous: bool = False) -> None:
+        self._flush_traces()
         if self._pool_watch is not None:
             self._pool_watch.stop()
         if self._client is not None:
@@ -525,22 +536,39 @@ class DRLExecutor(CeleryExecutor):
             self.log.error("DRLExecutor: could not record queues of %d task(s) in the DB: %s", len(tasks), exc)
 
     def _record(self, records: Sequence[tuple[Any, traces.PlacementRecord]]) -> None:
-        from airflow.utils.session import create_session
-
-        rows = []
+        now = datetime.datetime.now(datetime.UTC)
         for key, rec in records:
             result = self.workloads.get(key)
             celery_id = getattr(result, "task_id", None)
-            rows.append(rec if celery_id is None else _with_celery_id(rec, str(celery_id)))
+            self._unwritten.append((rec if celery_id is None else _with_celery_id(rec, str(celery_id))).row(now))
+        self._flush_traces()
+
+    def _flush_traces(self) -> None:
+        """Write the trace rows not written yet. A row the DB refuses (a failover, a full disk) is
+        kept and retried at the next heartbeat, up to :data:`_UNWRITTEN_MAX` rows, the oldest lost
+        past that: the traces are what a restarted scheduler's adoption reads to tell a task sent to
+        Celery from one never sent, and a sent task without its row would be rescheduled while Celery
+        still runs it (found by review: one DB error lost the rows for good)."""
+        from airflow.utils.session import create_session
+
+        if not self._unwritten:
+            return
         try:
             with create_session() as session:
                 conn = session.connection()
                 if not self._traces_ready:
                     traces.ensure_schema(conn.engine)
                     self._traces_ready = True
-                traces.write(conn, rows)
+                traces.write_rows(conn, self._unwritten)
         except SQLAlchemyError as exc:
-            self.log.error("DRLExecutor: lost %d placement trace(s): %s", len(rows), exc)
+            lost = len(self._unwritten) - _UNWRITTEN_MAX
+            if lost > 0:
+                del self._unwritten[:lost]
+                self.log.error("DRLExecutor: lost %d placement trace(s), the oldest not written: %s", lost, exc)
+            self.log.warning("DRLExecutor: %d placement trace(s) not written, retried at the next heartbeat: %s",
+                             len(self._unwritten), exc)
+            return
+        self._unwritten.clear()
 
 
 def _airflow_pool(ti: Any) -> str | None:

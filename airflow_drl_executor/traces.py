@@ -130,10 +130,15 @@ def _upgrade_ti_id(conn: Connection) -> None:
 
 
 def write(conn: Connection, records: Sequence[PlacementRecord]) -> None:
-    """Insert ``records`` in one statement."""
-    if records:
-        now = dt.datetime.now(dt.UTC)
-        conn.execute(insert(placements), [r.row(now) for r in records])
+    """Insert ``records``, decided now, in one statement."""
+    now = dt.datetime.now(dt.UTC)
+    write_rows(conn, [r.row(now) for r in records])
+
+
+def write_rows(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
+    """Insert rows made by :meth:`PlacementRecord.row` in one statement."""
+    if rows:
+        conn.execute(insert(placements), list(rows))
 
 
 def sent_celery_ids(conn: Connection, celery_ids: Collection[str]) -> set[str]:

@@ -468,3 +468,51 @@ def test_start_times_are_read_once_per_try(executor: DRLExecutor, monkeypatch: p
     executor.running.discard(("k", 2))  # run-2 finished
     assert executor._starts(None) == {"run-1": 100.0}
     assert asked == [["run-1", "run-2", "wait-1"], ["wait-1"]], "a start seen once is not asked again"
+
+
+def test_traces_the_database_refuses_are_written_at_a_later_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """was: one DB error (a failover) lost the rows for good, and the traces are what adoption
+    reads after a restart to tell a task sent to Celery from one never sent: a sent task without
+    its row would have been rescheduled while Celery ran it. Now they are kept, with the time they
+    were decided, and retried at every heartbeat (sync), the oldest dropped past the bound."""
+    import contextlib
+
+    import airflow.utils.session as airflow_session
+    from sqlalchemy import create_engine, select
+    from sqlalchemy.exc import OperationalError
+
+    from airflow_drl_executor import traces
+
+    engine = create_engine("sqlite://")
+    traces.ensure_schema(engine)
+    down = {"calls": 2}
+
+    @contextlib.contextmanager
+    def create_session():  # type: ignore[no-untyped-def]
+        if down["calls"]:
+            down["calls"] -= 1
+            raise OperationalError("INSERT INTO drl_placement", {}, Exception("server closed the connection"))
+        with engine.begin() as conn:
+            yield types.SimpleNamespace(connection=lambda: conn)
+
+    monkeypatch.setattr(airflow_session, "create_session", create_session)
+    monkeypatch.setattr(executor_mod.CeleryExecutor, "sync", lambda self: None)
+    ex = DRLExecutor()
+    ex._traces_ready = True
+    rec = traces.PlacementRecord(
+        ti_id=uuid.uuid4().hex, dag_id="etl", run_id="run1", task_id="a", map_index=-1, try_number=1, pool="gpu",
+        vm_class="gpu-a10", score=-1.0, reason="r", fallback=False, policy="drl", policy_version="1",
+        request_id="q", decision_ms=1.0, features={}, celery_id=None)
+    ex.workloads[("etl", "a")] = types.SimpleNamespace(task_id="celery-a")  # what Celery accepted
+    ex._record([(("etl", "a"), rec)])
+    ex.sync()  # the DB still refuses: kept
+    assert len(ex._unwritten) == 1
+    ex.sync()
+    with engine.connect() as conn:
+        rows = conn.execute(select(traces.placements.c.celery_id, traces.placements.c.decided_at)).all()
+    assert [r.celery_id for r in rows] == ["celery-a"] and ex._unwritten == []
+    assert rows[0].decided_at is not None
+    monkeypatch.setattr(executor_mod, "_UNWRITTEN_MAX", 3)
+    down["calls"] = 1
+    ex._record([(("etl", t), dataclasses.replace(rec, task_id=t)) for t in "bcdef"])
+    assert [r["task_id"] for r in ex._unwritten] == ["d", "e", "f"], "the newest kept, within the bound"
