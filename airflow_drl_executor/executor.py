@@ -35,7 +35,14 @@ from sqlalchemy.exc import SQLAlchemyError
 from airflow_drl_executor import traces
 from airflow_drl_executor.client import PlacementClient, PlacementUnavailable
 from airflow_drl_executor.config import ExecutorConfig
-from airflow_drl_executor.graph_builder import GraphBuilder, ReadyInstance, drl_hints, lenient_node, node_id
+from airflow_drl_executor.graph_builder import (
+    GraphBuilder,
+    ReadyInstance,
+    drl_hints,
+    lenient_node,
+    node_id,
+    uuid_text,
+)
 from airflow_drl_executor.ledger import Ledger
 from airflow_drl_executor.liveness import PoolWatch, celery_inspector
 from policy.catalogue import Catalogue, load_catalogue
@@ -165,7 +172,9 @@ class DRLExecutor(CeleryExecutor):
         from airflow.utils.session import create_session
         from airflow.utils.state import TaskInstanceState
 
-        queued = [ti for ti in tis if ti.state == TaskInstanceState.QUEUED]
+        # a task routed to a queue of its own was sent unplaced, with no placement row: Celery's
+        # adoption decides for it (found by review: it was rescheduled while Celery held its message)
+        queued = [ti for ti in tis if ti.state == TaskInstanceState.QUEUED and not self._routed_elsewhere(ti)]
         if not queued or not self.drl_config.record_traces:
             return set()
         try:
@@ -343,10 +352,12 @@ class DRLExecutor(CeleryExecutor):
         ignored: dict[tuple[str, str], str] = {}
         failed: dict[str, str] = {}
         unplaced = ""  # why the executor places the tasks the request does not hold itself
+        airflow_pools: dict[str, str] = {}  # ti id -> its Airflow pool, if not the default one
         try:
             with create_session() as session:
                 self._running_in_db = self.graph_builder.running_by_pool(session)
                 self._started = self._starts(session)
+                airflow_pools = self.graph_builder.airflow_pools(session, [w.ti.id for w in tasks])
                 batch = self.graph_builder.build(ready, session, not_sent=self._not_sent())
             pools = self.pool_states()
             graphs, ignored, failed = batch.graphs, batch.ignored, batch.failed
@@ -399,7 +410,9 @@ class DRLExecutor(CeleryExecutor):
                 held.add(id(w))  # no slot left this heartbeat: offered again at the next
                 continue
             if decision is None:
-                airflow_pool = _airflow_pool(w.ti)
+                # a held task would keep its slot of an Airflow pool (queued is an executing state
+                # there): a rate-limit pool would idle while its task waits for a better worker pool
+                airflow_pool = airflow_pools.get(uuid_text(w.ti.id))
                 if waited < self.drl_config.max_wait_s and airflow_pool is None:
                     self._held_since.setdefault(key, now)
                     held.add(id(w))
@@ -569,14 +582,6 @@ class DRLExecutor(CeleryExecutor):
                              len(self._unwritten), exc)
             return
         self._unwritten.clear()
-
-
-def _airflow_pool(ti: Any) -> str | None:
-    """The Airflow pool (the slots concept, not a worker pool) ``ti`` runs in, None for the
-    default one: a task held for a better worker pool keeps its slot there (queued is an
-    executing state to Airflow's pools), so such a task is never held."""
-    pool = getattr(ti, "pool", None)
-    return None if pool in (None, "", "default_pool") else str(pool)
 
 
 def _reschedule(tis: Sequence[Any]) -> None:

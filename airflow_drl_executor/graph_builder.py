@@ -344,7 +344,24 @@ class GraphBuilder:
             for ti_id, start in rows:
                 if start is not None:  # Airflow's dates are UTC; a naive one is too
                     aware = start if start.tzinfo is not None else start.replace(tzinfo=dt.UTC)
-                    out[_uuid_text(ti_id)] = aware.timestamp()
+                    out[uuid_text(ti_id)] = aware.timestamp()
+        return out
+
+    def airflow_pools(self, session: Session, ti_ids: Sequence[object]) -> dict[str, str]:
+        """Of these task instances (ids), those in an Airflow pool other than ``default_pool``, with
+        that pool. An executor's workload does not carry it (``TaskInstanceDTO`` has ``pool_slots``
+        only; found by review: the executor read ``ti.pool`` from it, always None)."""
+        from airflow.models.taskinstance import TaskInstance
+        from sqlalchemy import select
+
+        out: dict[str, str] = {}
+        ids = sorted({uuid.UUID(str(i)) for i in ti_ids})
+        for i in range(0, len(ids), 1000):  # bounded IN lists
+            rows = session.execute(
+                select(TaskInstance.id, TaskInstance.pool)
+                .where(TaskInstance.id.in_(ids[i:i + 1000]), TaskInstance.pool != "default_pool")
+            ).all()
+            out.update((uuid_text(ti_id), str(pool)) for ti_id, pool in rows if pool)
         return out
 
     def _ti_rows(self, runs: set[tuple[str, str]], session: Session) -> list[tuple[str, str, int, str]]:
@@ -388,7 +405,7 @@ class GraphBuilder:
                 break
 
 
-def _uuid_text(value: object) -> str:
+def uuid_text(value: object) -> str:
     """A task instance id as ``str(uuid)`` writes it, whatever type the database gave it back."""
     return str(uuid.UUID(str(value)))
 

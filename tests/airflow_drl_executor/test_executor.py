@@ -19,6 +19,7 @@ from policy.schema import Decision, PlacementReply, PlacementRequest, ReadyTask,
 RUN = "etl/run1"
 RUNNING_BY_POOL = GraphBuilder.running_by_pool  # the queries, before the fixture below fakes them
 STARTED = GraphBuilder.started
+AIRFLOW_POOLS = GraphBuilder.airflow_pools
 GRAPH = RunGraph(RUN, (TaskNode("a", duration_s=10), TaskNode("b", duration_s=10, gpus=1, kind="gpu_train")), ())
 
 
@@ -47,6 +48,7 @@ def _no_other_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
     """The metadata DB's running tasks are read by a query of its own (tested below)."""
     monkeypatch.setattr(GraphBuilder, "running_by_pool", lambda self, session: {})
     monkeypatch.setattr(GraphBuilder, "started", lambda self, session, ti_ids: {})
+    monkeypatch.setattr(GraphBuilder, "airflow_pools", lambda self, session, ti_ids: {})
 
 
 @pytest.fixture
@@ -341,6 +343,9 @@ def test_adoption_reschedules_what_was_never_sent_in_the_same_try_and_keeps_the_
         ti.queue, ti.state, ti.external_executor_id = "gpu", state, f"celery-{tid}"
         tis.append(ti)
     sent, poked = tis[2], tis[4]
+    report = _workload("report").ti  # routed to a queue of its own: sent unplaced, no placement row
+    report.queue, report.state, report.external_executor_id = "reporting", "queued", "celery-report"
+    tis.append(report)
     with engine.begin() as conn:
         for ti, celery_id in ((sent, "celery-sent"), (poked, "celery-first-poke")):
             traces.write(conn, [traces.PlacementRecord(
@@ -353,8 +358,10 @@ def test_adoption_reschedules_what_was_never_sent_in_the_same_try_and_keeps_the_
     again = [ti.task_id for ti in tis if ti.state == "scheduled"]
     assert again == ["held", "poked"] and held.try_number == 1 and held.external_executor_id is None
     assert held.queued_dttm is None and held.scheduled_dttm is not None
+    assert report.state == "queued" and report.key in ex.running, \
+        "was: rescheduled while Celery held its message (sent again; the duplicate's slot never freed)"
     gpu = {p.name: p for p in ex.pool_states()}["gpu"]
-    assert len(ex.running) == 3 and (gpu.slots, gpu.busy, gpu.queued) == (2, 2, 1), "2 slots: one waits"
+    assert len(ex.running) == 4 and (gpu.slots, gpu.busy, gpu.queued) == (2, 2, 1), "2 slots: one waits"
     assert len(gpu.free_at) == 3, "the ledger knows them"
 
 
@@ -440,13 +447,24 @@ def test_a_task_routed_to_a_queue_of_its_own_is_sent_there_unplaced(executor: DR
     assert records == [] and held == set() and vpn2.ti.queue == "vpn_queue"
 
 
-def test_a_task_in_an_airflow_pool_is_never_held(executor: DRLExecutor) -> None:
+def test_a_task_in_an_airflow_pool_is_never_held(executor: DRLExecutor, monkeypatch: pytest.MonkeyPatch) -> None:
     """Queued is an executing state to Airflow's pools: a held task would keep its pool slot (a
-    one-slot rate-limit pool would idle while its task waits for a better worker pool)."""
+    one-slot rate-limit pool would idle while its task waits for a better worker pool). The pool
+    is read from the metadata DB: a workload's ti (``TaskInstanceDTO``) does not carry it (was:
+    read from ``ti.pool``, which a real workload lacks: every such task was held)."""
+    from airflow.executors.workloads.task import TaskInstanceDTO
+
+    assert "pool" not in TaskInstanceDTO.model_fields
     executor._client = FakeClient(_reply({}))  # the policy would wait for a better pool
     free, limited = _workload("a"), _workload("b")
-    limited.ti.pool = "api_rate_limit"
+    asked: list[list[str]] = []
+
+    def airflow_pools(session: object, ti_ids: list[object]) -> dict[str, str]:
+        asked.append([str(i) for i in ti_ids])
+        return {str(limited.ti.id): "api_rate_limit"}
+    monkeypatch.setattr(executor.graph_builder, "airflow_pools", airflow_pools)
     records, held = executor._place([free, limited])
+    assert asked == [[str(free.ti.id), str(limited.ti.id)]]
     assert held == {id(free)}
     (rec,) = [r for _, r in records]
     assert rec.task_id == "b" and rec.fallback and "keeps its slot of Airflow pool 'api_rate_limit'" in rec.reason
@@ -516,3 +534,20 @@ def test_traces_the_database_refuses_are_written_at_a_later_heartbeat(monkeypatc
     down["calls"] = 1
     ex._record([(("etl", t), dataclasses.replace(rec, task_id=t)) for t in "bcdef"])
     assert [r["task_id"] for r in ex._unwritten] == ["d", "e", "f"], "the newest kept, within the bound"
+
+
+def test_the_airflow_pools_of_a_batch_are_read_from_the_metadata_db() -> None:
+    from airflow.models.taskinstance import TaskInstance
+    from sqlalchemy import Column, MetaData, String, Table, create_engine, insert
+    from sqlalchemy.orm import Session
+
+    engine = create_engine("sqlite://")
+    table = Table("task_instance", MetaData(), Column("id", TaskInstance.__table__.c.id.type), Column("pool", String(256)))
+    table.metadata.create_all(engine)
+    ids = [uuid.uuid4() for _ in range(3)]
+    with engine.begin() as conn:
+        conn.execute(insert(table), [{"id": ids[0], "pool": "default_pool"}, {"id": ids[1], "pool": "api_rate_limit"},
+                                     {"id": ids[2], "pool": "default_pool"}])
+    with Session(engine) as session:
+        got = AIRFLOW_POOLS(DRLExecutor().graph_builder, session, [str(i) for i in ids] + [uuid.uuid4()])
+    assert got == {str(ids[1]): "api_rate_limit"}
