@@ -448,8 +448,14 @@ class ModelRegistry:
         device = resolve_device(self.device)
         try:
             placer = self.loader(path, device)
+        except CheckpointError:
+            raise
         except OSError as exc:
             raise CheckpointError(f"{path}: cannot read: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - a manifest value the loader rejects is a bad checkpoint
+            # (found by review: a ValueError or AttributeError passed start-up's last-good fallback
+            # and put every restarted replica in a crash loop, where a hot reload refused it)
+            raise CheckpointError(f"{path}: cannot load: {type(exc).__name__}: {exc}") from exc
         if not isinstance(placer, Placer):
             raise CheckpointError(f"{path}: loader returned {type(placer).__name__}, not a Placer")
         loaded_ms = (time.perf_counter() - t0) * 1e3

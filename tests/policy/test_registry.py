@@ -156,6 +156,29 @@ def test_a_restart_after_a_bad_push_serves_the_last_good_checkpoint(tmp_path: Pa
     assert json.loads((tmp_path / LAST_GOOD).read_text())["checkpoint"] == "v3"
 
 
+def test_a_restart_after_a_push_the_loader_rejects_otherwise_serves_the_last_good_one(tmp_path: Path) -> None:
+    """A manifest value the loader rejects with an error of its own (a ValueError for an unknown
+    gate scope, an AttributeError for a training record that is not an object) is a refused
+    checkpoint like a hash mismatch. was: it escaped the last-good fallback at start-up, so every
+    restarted replica crashed (a hot reload refused it)."""
+    def loader(path: Path, device: str) -> Tagged:
+        doc = json.loads((path / "weights.json").read_text())
+        if doc.get("scope") not in (None, "off-cp", "all"):
+            raise ValueError(f"cp_gate_scope must be one of ('off-cp', 'all'), got {doc['scope']!r}")
+        return fake_loader(path, device)
+
+    v1 = fake_checkpoint(tmp_path, "v1", "1")
+    activate(tmp_path, "v1", sha256=checkpoint_sha256(v1))
+    assert ModelRegistry(tmp_path, loader=loader).load_now() is not None
+    v2 = fake_checkpoint(tmp_path, "v2", "2")
+    (v2 / "weights.json").write_text(json.dumps({"version": "2", "shape": [4, 4], "scope": "nope"}))
+    activate(tmp_path, "v2", sha256=checkpoint_sha256(v2))
+    served = ModelRegistry(tmp_path, loader=loader).load_now()
+    assert served is not None and served.version == "fake:1"
+    with pytest.raises(CheckpointError, match="cannot load: ValueError: cp_gate_scope"):
+        ModelRegistry(tmp_path, loader=loader)._load(v2, checkpoint_sha256(v2))
+
+
 def test_the_last_good_checkpoint_survives_the_registry_moving(tmp_path: Path) -> None:
     """Servers on other hosts mount the registry volume at other paths: last_good.json names a
     checkpoint under the registry relative to it, as the fine-tune's active.json does."""
