@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import shlex
+import subprocess
+from collections.abc import Mapping
 from typing import Any
 
 import pendulum
-from airflow.providers.standard.operators.bash import BashOperator
-from airflow.sdk import dag, get_current_context, task
+from airflow.sdk import Param, dag, get_current_context, task
 
 
 def traces_dir() -> str:
@@ -63,6 +65,24 @@ def traces_engine() -> Any:
     return create_engine(uri.replace("postgres://", "postgresql://", 1))  # SQLAlchemy's dialect name
 
 
+def finetune_argv(exported: Mapping[str, str], params: Mapping[str, Any], registry: str) -> list[str]:
+    """The ``drl-trainer finetune`` command line, one argument per item: no shell ever parses a
+    parameter (found by review: ``params`` were rendered into a bash command, and a run triggered
+    with ``{"minutes": "1; <command>"}`` ran that command on the worker, which can write the model
+    registry). Numbers must read as numbers; ``extra_args`` is split as a shell would split it,
+    quotes and all, but never run."""
+    numbers = {"minutes": float, "min_improvement": float, "seed": int}
+    for name, kind in numbers.items():
+        try:
+            kind(str(params[name]))
+        except ValueError:
+            raise ValueError(f"params.{name} must be a number, got {params[name]!r}") from None
+    return ["drl-trainer", "finetune", "--replay", exported["replay"], "--registry", registry,
+            "--pools", exported["pools"], "--minutes", str(params["minutes"]),
+            "--min-improvement", str(params["min_improvement"]), "--seed", str(params["seed"]),
+            *shlex.split(str(params["extra_args"]))]
+
+
 def prune_replays(folder: str, before: dt.datetime) -> list[str]:
     """Delete the replay files in ``folder`` last written before ``before``; their names."""
     gone = []
@@ -84,7 +104,10 @@ def prune_replays(folder: str, before: dt.datetime) -> list[str]:
     is_paused_upon_creation=True,  # an operator turns retraining on deliberately
     tags=["drl", "drl-exclude"],
     # extra_args: more drl-trainer finetune flags (e.g. a small evaluation for a smoke test)
-    params={"hours": 24, "minutes": 10, "min_improvement": 0.01, "seed": 1, "extra_args": "", "keep_days": 90},
+    params={"hours": Param(24, type="number", exclusiveMinimum=0),
+            "minutes": Param(10, type="number", exclusiveMinimum=0),
+            "min_improvement": Param(0.01, type="number"), "seed": Param(1, type="integer"),
+            "extra_args": Param("", type="string"), "keep_days": Param(90, type="number", minimum=0)},
 )
 def drl_nightly_retrain() -> None:
     # one XCom, the dict: finetune's template reads its keys
@@ -114,22 +137,15 @@ def drl_nightly_retrain() -> None:
         print(f"exported {n} DAG runs ({since} .. {until}) to {path}")
         return {"replay": path, "pools": pools}
 
-    finetune = BashOperator(
-        task_id="finetune",
-        # the paths reach bash as variables, never as command text: nothing in them is parsed
-        env={"DRL_REPLAY": "{{ ti.xcom_pull(task_ids='export_traces')['replay'] }}",
-             "DRL_POOLS": "{{ ti.xcom_pull(task_ids='export_traces')['pools'] }}"},
-        append_env=True,  # keep the worker's environment (PATH, DRL_REGISTRY_DIR)
-        bash_command=(
-            "drl-trainer finetune --replay \"$DRL_REPLAY\""
-            " --registry \"${DRL_REGISTRY_DIR:?set DRL_REGISTRY_DIR on the workers}\""
-            " --pools \"$DRL_POOLS\""
-            " --minutes {{ params.minutes }} --min-improvement {{ params.min_improvement }}"
-            " --seed {{ params.seed }}"
-            " {{ params.extra_args }}"
-        ),
-        executor_config={"drl": {"duration_s": 600, "cpus": 4, "memory_gb": 8, "kind": "gpu_train"}},
-    )
+    @task(executor_config={"drl": {"duration_s": 600, "cpus": 4, "memory_gb": 8, "kind": "gpu_train"}})
+    def finetune(exported: dict[str, str]) -> None:
+        registry = os.environ.get("DRL_REGISTRY_DIR")
+        if not registry:
+            raise RuntimeError("DRL_REGISTRY_DIR is not set on this worker: set it to the model registry the "
+                               "policy servers watch")
+        argv = finetune_argv(exported, get_current_context()["params"], registry)
+        print("running:", shlex.join(argv), flush=True)
+        subprocess.run(argv, check=True)  # its output goes to the task's log
     @task(executor_config={"drl": {"duration_s": 30, "cpus": 1, "memory_gb": 2}})
     def prune_traces() -> None:
         from airflow_drl_executor import traces
@@ -148,7 +164,7 @@ def drl_nightly_retrain() -> None:
         print(f"pruned {deleted} placements and {len(gone)} replay files decided before {before:%Y-%m-%d %H:%M}")
 
     exported = export_traces()
-    exported >> finetune
+    finetune(exported)
     exported >> prune_traces()
 
 

@@ -6,7 +6,6 @@ import datetime as dt
 import importlib.util
 import os
 import shutil
-import subprocess
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,22 +83,35 @@ def test_finetune_runs_on_what_export_traces_wrote(module: types.ModuleType, cat
     assert xcom == {"replay": str(registry / "traces" / "replay-20261204T020000.jsonl"), "pools": str(catalogue)}
     assert Path(xcom["replay"]).exists() and exported[0].source == str(catalogue)
 
-    finetune = dag.get_task("finetune")
-    env = dag.get_template_env()
-    context = {"ti": types.SimpleNamespace(xcom_pull=lambda task_ids: xcom),
-               "params": {"minutes": 10, "min_improvement": 0.01, "seed": 1, "extra_args": "--guard ''"}}
-    command = env.from_string(finetune.bash_command).render(**context)
-    variables = {k: env.from_string(v).render(**context) for k, v in finetune.env.items()}
-    assert finetune.append_env  # the worker's PATH and DRL_REGISTRY_DIR stay
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "drl-trainer").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    (bin_dir / "drl-trainer").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$ARGV_OUT"\n')
     (bin_dir / "drl-trainer").chmod(0o755)
-    out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True,
-                         env={**os.environ, **variables, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
-    assert out.stdout.splitlines() == [
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("ARGV_OUT", str(tmp_path / "argv"))
+    params = {"minutes": 10, "min_improvement": 0.01, "seed": 1, "extra_args": "--guard ''"}
+    monkeypatch.setattr(module, "get_current_context", lambda: {"params": params})
+    dag.get_task("finetune").python_callable(xcom)
+    assert (tmp_path / "argv").read_text().splitlines() == [
         "finetune", "--replay", xcom["replay"], "--registry", str(registry), "--pools", str(catalogue),
         "--minutes", "10", "--min-improvement", "0.01", "--seed", "1", "--guard", ""]
+
+
+def test_finetune_parameters_never_reach_a_shell(module: types.ModuleType, tmp_path: Path) -> None:
+    """was: rendered into a bash command: a run triggered with {"minutes": "1; touch PWNED"} ran it
+    on the worker (which can write the model registry). Now a number must be one, and extra_args
+    is split into arguments, never run; the trigger form checks the types too."""
+    exported = {"replay": "r.jsonl", "pools": "p.yaml"}
+    ok = {"minutes": 10, "min_improvement": 0.01, "seed": 1, "extra_args": ""}
+    with pytest.raises(ValueError, match=r"params.minutes must be a number, got '1; touch PWNED'"):
+        module.finetune_argv(exported, {**ok, "minutes": "1; touch PWNED"}, "reg")
+    argv = module.finetune_argv(exported, {**ok, "extra_args": "--runs 4; touch PWNED $(id)"}, "reg")
+    assert argv[-5:] == ["--runs", "4;", "touch", "PWNED", "$(id)"], "arguments for drl-trainer to refuse"
+    dag = module.drl_nightly_retrain()
+    assert dag.params.get_param("minutes").schema == {"type": "number", "exclusiveMinimum": 0}
+    from airflow.sdk.definitions.param import ParamValidationError
+    with pytest.raises(ParamValidationError):
+        dag.params.get_param("minutes").resolve("1; touch PWNED")
 
 
 def test_prune_traces_keeps_keep_days_of_placements_and_replays(module: types.ModuleType, tmp_path: Path,
