@@ -37,6 +37,7 @@ import importlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -158,19 +159,50 @@ def _write_json(root: Path, name: str, doc: dict[str, str]) -> Path:
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "default"
 
 
+#: the note of a manifest :func:`ensure_active` wrote
+PACKAGED_NOTE = "packaged default checkpoint"
+#: where :func:`ensure_active` copies the packaged default, relative to the registry
+PACKAGED_DIR = "packaged"
+
+
 def ensure_active(root: str | Path, default: str | Path = DEFAULT_CHECKPOINT) -> Path | None:
     """Name ``default`` in an empty registry, so a fresh install serves a trained policy from the
-    first request; a registry that already has a manifest is left alone. Returns the manifest."""
+    first request; a registry that already has a manifest is left alone. Returns the manifest.
+
+    The default is copied into the registry (``packaged/<sha256[:12]>``, named relative to it):
+    the package's own folder is replaced by every upgrade, and a manifest naming it, pinned to the
+    old content's hash, left every server refusing it and its last good one alike (found by review).
+    A registry seeded that way (the note, an absolute path) is seeded again from the new default."""
     root = Path(root)
     try:
         if (root / MANIFEST).exists():
-            return root / MANIFEST
+            try:
+                doc = json.loads((root / MANIFEST).read_text())
+            except ValueError:
+                return root / MANIFEST  # the registry says what is wrong with it
+            if not (isinstance(doc, dict) and doc.get("note") == PACKAGED_NOTE
+                    and Path(str(doc.get("checkpoint", ""))).is_absolute()):
+                return root / MANIFEST
+            log.info("registry %s names the package's own default checkpoint: seeding it with a copy", root)
         default = Path(default)
         if not (default / "manifest.json").exists():
             log.warning("registry %s is empty and there is no default checkpoint at %s", root, default)
             return None
-        log.info("registry %s is empty: activating the packaged default checkpoint %s", root, default)
-        return activate(root, default, sha256=checkpoint_sha256(default), note="packaged default checkpoint")
+        sha = checkpoint_sha256(default)
+        copy = Path(PACKAGED_DIR) / sha[:12]
+        if not (root / copy).exists():
+            (root / PACKAGED_DIR).mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{sha[:12]}.", dir=root / PACKAGED_DIR))
+            shutil.copytree(default, staging, dirs_exist_ok=True)
+            os.chmod(staging, 0o775)  # mkdtemp's 0700 would hide it from servers of another user
+            try:
+                os.rename(staging, root / copy)  # whole or not at all; a replica starting beside us
+            except OSError:
+                shutil.rmtree(staging, ignore_errors=True)
+                if not (root / copy).exists():
+                    raise
+        log.info("registry %s: activating the packaged default checkpoint (copied to %s)", root, copy)
+        return activate(root, copy, sha256=sha, note=PACKAGED_NOTE)
     except OSError as exc:  # the caller decides, as for a bad checkpoint (auto: the heuristic)
         raise CheckpointError(f"{root}: cannot read or write the registry: {exc}") from exc
 

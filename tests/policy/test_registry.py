@@ -24,6 +24,7 @@ from policy.registry import (
     activation_lock,
     checkpoint_sha256,
     ensure_active,
+    gnn_loader,
 )
 from policy.schema import Decision, PlacementRequest, RunGraph
 
@@ -276,7 +277,38 @@ def test_an_empty_registry_serves_the_packaged_default(tmp_path: Path, redis_url
     assert server.placer.cp_gate == 3.0  # type: ignore[attr-defined]
     assert server.health()["cp_gate"] == 3.0  # /health says how the GNN decodes
     assert server.placer.cp_gate_scope == "all" and server.health()["cp_gate_scope"] == "all"  # type: ignore[attr-defined]
-    assert json.loads((tmp_path / MANIFEST).read_text())["checkpoint"] == str(DEFAULT_CHECKPOINT)
+    sha = checkpoint_sha256(DEFAULT_CHECKPOINT)
+    assert json.loads((tmp_path / MANIFEST).read_text())["checkpoint"] == f"packaged/{sha[:12]}"
+    assert checkpoint_sha256(tmp_path / "packaged" / sha[:12]) == sha, "a copy, in the registry"
+
+
+def test_an_upgrade_replacing_the_packaged_default_does_not_strand_the_registry(tmp_path: Path) -> None:
+    """was: the manifest named the package's own folder, pinned to its hash; an upgrade replaced
+    its content, and every server refused it and its last good one (the same folder) alike, and
+    the fine-tune could not start from it. Now the default is copied into the registry; a registry
+    seeded the old way is seeded again from the new default."""
+    from policy.registry import DEFAULT_CHECKPOINT, PACKAGED_NOTE
+
+    package = tmp_path / "site-packages" / "default"
+    shutil.copytree(DEFAULT_CHECKPOINT, package)
+    old = tmp_path / "old"
+    activate(old, package, sha256=checkpoint_sha256(package), note=PACKAGED_NOTE)  # seeded the old way
+    new = tmp_path / "new"
+    ensure_active(new, package)
+    served = ModelRegistry(new, loader=gnn_loader).load_now()
+    assert served is not None and served.placer.name == "drl"
+    (package / "README").write_text("v2")  # the upgrade changes the package's folder
+    served = ModelRegistry(new, loader=gnn_loader).load_now()
+    assert served is not None, "the registry's copy is unchanged"
+    with pytest.raises(CheckpointError, match="does not match"):
+        ModelRegistry(old, loader=gnn_loader).load_now()
+    ensure_active(old, package)  # a server starting after the upgrade
+    doc = json.loads((old / MANIFEST).read_text())
+    assert doc["checkpoint"].startswith("packaged/") and doc["sha256"] == checkpoint_sha256(package)
+    assert ModelRegistry(old, loader=gnn_loader).load_now() is not None
+    activate(old, "packaged/x")  # anything else a user or the fine-tune activated is left alone
+    ensure_active(old, package)
+    assert json.loads((old / MANIFEST).read_text())["checkpoint"] == "packaged/x"
 
 
 def test_gnn_placer_requires_a_model_that_loads(tmp_path: Path, redis_url: str) -> None:
