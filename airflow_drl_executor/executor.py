@@ -195,10 +195,16 @@ class DRLExecutor(CeleryExecutor):
         """The base selection, with the tasks held for a better pool not counted against the open
         slots: they would otherwise take those slots at every heartbeat and keep every other ready
         task from being offered until they are placed (up to ``max_wait_s``). :meth:`_place`
-        still dispatches at most ``open_slots``."""
+        still dispatches at most ``open_slots``, callbacks first; callbacks past ``open_slots`` stay
+        queued (found by review: the widened selection let them past ``parallelism``)."""
         held = sum(1 for key in self._held_since if key in self.queued_tasks)
         self._open_slots = open_slots
-        return super()._get_workloads_to_schedule(open_slots + held)
+        chosen = super()._get_workloads_to_schedule(open_slots + held)
+        callbacks = [i for i, (key, _) in enumerate(chosen) if key in self.queued_callbacks]
+        if len(callbacks) > open_slots:
+            extra = set(callbacks[max(open_slots, 0):])
+            chosen = [item for i, item in enumerate(chosen) if i not in extra]
+        return chosen
 
     def _process_workloads(self, workload_items: Sequence[workloads.All]) -> None:
         from airflow.executors.workloads import ExecuteCallback, ExecuteTask

@@ -390,6 +390,50 @@ def test_a_callback_for_a_queue_no_pool_consumes_runs_on_a_live_cpu_pool(monkeyp
     assert sent[pinned.callback.key] == "gpu", "a callback routed to one of the pools keeps it"
 
 
+def test_held_tasks_do_not_let_callbacks_past_parallelism(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The selection is widened by the held tasks (they must not take the open slots), and the
+    base puts callbacks first: was, with the executor full and two tasks held, two callbacks were
+    sent (4 running at parallelism 2). Callbacks past the open slots stay queued."""
+    import airflow.executors.workloads as wl
+    from airflow.executors.workloads.callback import CallbackDTO
+
+    class Task(types.SimpleNamespace):
+        pass
+
+    class Callback(types.SimpleNamespace):
+        pass
+    monkeypatch.setattr(wl, "ExecuteTask", Task)
+    monkeypatch.setattr(wl, "ExecuteCallback", Callback)
+    ex = DRLExecutor(parallelism=2)
+    monkeypatch.setattr(ex.graph_builder, "build", lambda ready, session, not_sent=(): Batch(
+        {RUN: GRAPH}, [], [ReadyTask(RUN, r.task_id) for r in ready]))
+    monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
+    monkeypatch.setattr(ex, "_record", lambda records: None)
+
+    def send(tuples):  # type: ignore[no-untyped-def]
+        for key, _w, _queue, _team in tuples:
+            ex.queued_tasks.pop(key, None)
+            ex.queued_callbacks.pop(key, None)
+            ex.running.add(key)
+    monkeypatch.setattr(ex, "_send_workloads", send)
+    ex._client = FakeClient(_reply({}))  # type: ignore[assignment]  # the policy holds every task
+    for tid in ("a", "b"):
+        w = Task(ti=_workload(tid).ti)
+        ex.queued_tasks[w.ti.key] = w  # type: ignore[index]
+    ex.trigger_tasks(ex.parallelism - len(ex.running))
+    assert len(ex._held_since) == 2 and not ex.running
+    ex.running.update({("busy", 1), ("busy", 2)})  # full
+    for _ in range(2):
+        cb = Callback(callback=CallbackDTO(id=str(uuid.uuid4()), fetch_method="import_path",
+                                           data={"path": "m.f", "queue": "cpu-small"}))
+        ex.queued_callbacks[cb.callback.key] = cb  # type: ignore[index]
+    ex.trigger_tasks(ex.parallelism - len(ex.running))
+    assert len(ex.running) == 2 and len(ex.queued_callbacks) == 2, "nothing past parallelism"
+    ex.running.discard(("busy", 1))
+    ex.trigger_tasks(ex.parallelism - len(ex.running))
+    assert len(ex.running) == 2 and len(ex.queued_callbacks) == 1, "one slot: one callback, first"
+
+
 def test_with_ha_schedulers_the_pools_count_every_schedulers_running_tasks(
         executor: DRLExecutor, monkeypatch: pytest.MonkeyPatch) -> None:
     """was: each scheduler's executor counted only the tasks it had sent: with two schedulers,
