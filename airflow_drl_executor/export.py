@@ -1,6 +1,9 @@
 """Export recorded placements as replay runs (``policy.replay``) for the nightly fine-tuning.
 
-For every DAG run with placements decided in a time window, the run's task graph is rebuilt from
+For every DAG run that ended in a time window, with every placement it had (found by review: the
+window selected placements by their decision time, so a run going at the cut-off was exported by
+two nights, each copy with half its durations observed and the rest made up, and a run still
+going had its tasks that were still running at their declared durations), the run's task graph is rebuilt from
 its serialized DAG, and each task's duration becomes what was observed (end - start of its last
 successful try) times the effective speed of the pool that ran it, i.e. the duration at speed 1.0
 that the simulator expects. Tasks without a successful try keep their expected duration. Runs of
@@ -49,7 +52,9 @@ _QUERY = text(
     FROM drl_placement p
     JOIN task_instance t
       ON t.id = p.ti_id AND t.try_number = p.try_number
-    WHERE p.decided_at >= :since AND p.decided_at < :until
+    JOIN dag_run r
+      ON r.dag_id = p.dag_id AND r.run_id = p.run_id
+    WHERE r.end_date >= :since AND r.end_date < :until
     ORDER BY p.id
     """
 ).bindparams(  # typed, so that every database (SQLite too) compares and returns datetimes
@@ -59,7 +64,8 @@ _QUERY = text(
 
 def export_runs(session: Session, catalogue: Catalogue, *, since: dt.datetime, until: dt.datetime,
                 exclude_dags: Sequence[str] = ()) -> list[ReplayRun]:
-    """Replay runs for placements decided in ``[since, until)``, ordered by arrival."""
+    """Replay runs of the DAG runs that ended in ``[since, until)`` (a run still going is exported
+    by the window it ends in), ordered by arrival (their first placement)."""
     excluded = set(exclude_dags) | _tagged_dags(session, EXCLUDE_TAG)
     by_run: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for row in session.execute(_QUERY, {"since": since, "until": until}):

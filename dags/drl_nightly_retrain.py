@@ -1,8 +1,9 @@
 """Nightly retraining of the placement policy, itself an Airflow DAG placed by DRLExecutor.
 
-1. ``export_traces`` turns the last ``hours`` of recorded placements (the ``drl_placement`` table,
-   joined with what happened) into a replay file: each DAG run's task graph with the durations
-   that were observed, normalised to a speed-1 VM.
+1. ``export_traces`` turns the DAG runs that ended in the last ``hours``, with their recorded
+   placements (the ``drl_placement`` table, joined with what happened), into a replay file: each
+   run's task graph with the durations that were observed, normalised to a speed-1 VM (a run
+   still going at export time goes into the next night's file, whole).
 2. ``finetune`` (``drl-trainer finetune``) starts from the active checkpoint, imitates the best
    heuristic on those replayed runs (and the seed families) for at most ``minutes``, evaluates
    the candidate against the incumbent on held-out replayed runs in the simulator, and promotes it

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 from airflow.models.taskinstance import TaskInstance
-from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, create_engine, insert, text
+from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, create_engine, insert, select, text
 from sqlalchemy.orm import Session
 
 from airflow_drl_executor import traces
@@ -25,6 +25,8 @@ from policy.schema import TaskNode
 CATALOGUE = load_catalogue(packaged_catalogue())
 T0 = dt.datetime(2026, 12, 1, 2, 0, tzinfo=dt.UTC)
 
+dag_runs = Table("dag_run", MetaData(), Column("dag_id", String(250)), Column("run_id", String(250)),
+                 Column("end_date", DateTime(timezone=True)))
 task_instances = Table(
     "task_instance", MetaData(),
     Column("id", TaskInstance.__table__.c.id.type), Column("try_number", Integer), Column("map_index", Integer),
@@ -49,25 +51,30 @@ def session(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     task_instances.create(engine)
     with engine.begin() as conn:
         conn.execute(text("CREATE TABLE dag_tag (dag_id VARCHAR(250), name VARCHAR(100))"))
+        dag_runs.create(conn)
     with Session(engine) as s:
         yield s
     engine.dispose()
 
 
 def _ran(session: Session, task_id: str, pool: str, seconds: float, *, map_index: int = -1,
-         state: str = "success") -> None:
-    """One placed instance of ``task_id`` (features as the executor records them) and its outcome."""
+         state: str = "success", decided: dt.datetime = T0, run_id: str = "r1",
+         run_ended: dt.datetime | None = T0 + dt.timedelta(minutes=30)) -> None:
+    """One placed instance of ``task_id`` (features as the executor records them) and its outcome;
+    its run (ended at ``run_ended``, None: still going) recorded once."""
     ti_id = uuid.uuid4()
-    start = T0 + dt.timedelta(minutes=1)
+    start = decided + dt.timedelta(minutes=1)
+    if session.execute(select(dag_runs.c.run_id).where(dag_runs.c.run_id == run_id)).first() is None:
+        session.execute(insert(dag_runs), [{"dag_id": "etl", "run_id": run_id, "end_date": run_ended}])
     session.execute(insert(task_instances), [{
         "id": ti_id, "try_number": 1, "map_index": map_index, "dag_version_id": "v1", "state": state,
         "start_date": start, "end_date": start + dt.timedelta(seconds=seconds)}])
     node = TaskNode(task_id, duration_s=60.0, kind="gpu_train" if task_id == "train" else "default")
     record = traces.PlacementRecord(
-        ti_id=str(ti_id), dag_id="etl", run_id="r1", task_id=task_id, map_index=map_index, try_number=1, pool=pool,
-        vm_class="x", score=0.0, reason="", fallback=False, policy="eft", policy_version="1", request_id="q",
-        decision_ms=1.0, features=node.to_json())
-    session.execute(insert(traces.placements), [record.row(T0)])
+        ti_id=str(ti_id), dag_id="etl", run_id=run_id, task_id=task_id, map_index=map_index, try_number=1,
+        pool=pool, vm_class="x", score=0.0, reason="", fallback=False, policy="eft", policy_version="1",
+        request_id="q", decision_ms=1.0, features=node.to_json())
+    session.execute(insert(traces.placements), [record.row(decided)])
 
 
 def _export(session: Session):  # type: ignore[no-untyped-def]
@@ -121,3 +128,19 @@ def test_a_run_without_its_serialized_dag_is_skipped(session: Session, monkeypat
     monkeypatch.setattr(GraphBuilder, "structure", gone)
     _ran(session, "extract", "cpu-small", 10.0)
     assert export_runs(session, CATALOGUE, since=T0 - dt.timedelta(hours=1), until=T0 + dt.timedelta(hours=1)) == []
+
+
+def test_a_run_is_exported_whole_by_the_night_it_ended(session: Session) -> None:
+    """was: placements were selected by decision time, so a run going at the 02:00 cut-off was in
+    two nights' replays, each with half its durations observed and the rest made up"""
+    night = T0 + dt.timedelta(hours=1)  # the cut-off between two exports
+    _ran(session, "extract", "cpu-small", 10.0, decided=night - dt.timedelta(minutes=2), run_ended=night + dt.timedelta(minutes=5))
+    for task_id in ("mapped", "report", "train"):
+        _ran(session, task_id, "cpu-small", 20.0, decided=night + dt.timedelta(minutes=1))
+    _ran(session, "extract", "cpu-small", 10.0, run_id="going", decided=night - dt.timedelta(minutes=3), run_ended=None)
+    first = export_runs(session, CATALOGUE, since=night - dt.timedelta(days=1), until=night)
+    (second,) = export_runs(session, CATALOGUE, since=night, until=night + dt.timedelta(days=1))
+    assert first == [], "neither run had ended"
+    seconds = {t.task_id: t.duration_s for t in second.graph.tasks}
+    assert seconds == {"extract": pytest.approx(10.0), "mapped": pytest.approx(20.0), "report": pytest.approx(20.0),
+                       "train": pytest.approx(20.0)}
