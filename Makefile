@@ -11,12 +11,13 @@ STAMP  := $(VENV)/.installed
 .PHONY: install system-deps demo up down status test lint typecheck unit bench clean
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -x $(PIP) || $(PYTHON) -m venv --clear $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints.txt -e ".[policy,trainer,dev]"
 	touch $(STAMP)
 
-install: $(STAMP) system-deps
+# system-deps first: on Debian, python3 -m venv needs python3-venv (ensurepip)
+install: system-deps $(STAMP)
 
 system-deps:
 	@bash scripts/system-deps.sh

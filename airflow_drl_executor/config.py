@@ -22,6 +22,11 @@ def packaged_catalogue(name: str = "demo") -> str:
     return str(resources.files("policy") / "catalogues" / f"{name}.yaml")
 
 
+#: options whose value is a secret (a password in the URL): Airflow masks them in logs and reads
+#: them from ``AIRFLOW__DRL_EXECUTOR__REDIS_URL_CMD`` / ``_SECRET`` too (found by review: those were
+#: ignored, and the executor quietly placed every task by the fallback on the default URL)
+SENSITIVE = frozenset({"redis_url"})
+
 #: option -> (type, default, description); the provider metadata is generated from this.
 OPTIONS: dict[str, tuple[str, str | None, str]] = {
     "redis_url": (

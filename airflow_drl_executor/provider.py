@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_drl_executor.config import OPTIONS, SECTION
+from airflow_drl_executor.config import OPTIONS, SECTION, SENSITIVE
 
 
 def get_cli_commands() -> list[Any]:
@@ -20,6 +20,7 @@ def get_provider_info() -> dict[str, Any]:
             "type": kind,
             "example": None,
             "default": default,
+            "sensitive": key in SENSITIVE,
         }
         for key, (kind, default, description) in OPTIONS.items()
     }

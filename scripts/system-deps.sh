@@ -10,6 +10,7 @@ ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || missing+=(postgresql)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 command -v runuser >/dev/null 2>&1 || missing+=(util-linux)
+"${PYTHON:-python3}" -c "import ensurepip, venv" >/dev/null 2>&1 || missing+=(python3-venv)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

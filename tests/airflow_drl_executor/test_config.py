@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,20 @@ def test_max_wait_must_be_below_the_schedulers_queued_timeout(monkeypatch: pytes
         DRLExecutor()
     monkeypatch.setenv("AIRFLOW__DRL_EXECUTOR__MAX_WAIT_S", "20")
     assert DRLExecutor().drl_config.max_wait_s == 20.0
+
+
+def test_the_redis_url_is_sensitive_and_can_come_from_a_command() -> None:
+    """was: not declared sensitive, so Airflow ignored AIRFLOW__DRL_EXECUTOR__REDIS_URL_CMD (and
+    _SECRET): the executor placed every task by the fallback on the default URL, and the password
+    was never masked in logs"""
+    import subprocess
+    import sys
+
+    probe = ("from airflow.configuration import conf\n"
+             "from airflow_drl_executor.config import ExecutorConfig\n"
+             "print(('drl_executor', 'redis_url') in conf.sensitive_config_values)\n"
+             "print(ExecutorConfig.from_conf(conf).redis_url)\n")
+    env = {**os.environ, "AIRFLOW__DRL_EXECUTOR__REDIS_URL_CMD": "echo redis://placer:s3cret@redis.example:6379/0"}
+    env.pop("AIRFLOW__DRL_EXECUTOR__REDIS_URL", None)
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-2:] == ["True", "redis://placer:s3cret@redis.example:6379/0"]
