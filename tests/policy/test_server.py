@@ -69,6 +69,11 @@ def test_run_ref_resolves_from_the_cache_and_unknown_ref_asks_for_the_graph(
          ' "pools": [], "runs": [{"run_key": "x", "tasks": [{"task_id": "a"}], "edges": []}]}',
          "bad_request"),  # ready task not in its graph
         ('{"request_id": "bad-5", "oops": ', "bad_request"),  # truncated JSON, id still recovered
+        # half a UTF-16 pair in a run key: was, the replica writing the graph to Redis crashed, then
+        # each that took the entry over (found by review)
+        ('{"schema_version": 1, "request_id": "bad-6", "ready": [{"run_key": "x\\ud800", "task_id": "a"}],'
+         ' "pools": [], "runs": [{"run_key": "x\\ud800", "tasks": [{"task_id": "a"}], "edges": []}]}', "bad_request"),
+        ('{"request_id": "bad-7", "pools": ' + "[" * 100_000, "bad_request"),  # was: no reply (RecursionError)
     ],
 )
 def test_malformed_requests_get_error_replies(start_server, rclient: redis.Redis, payload: str,
@@ -87,9 +92,11 @@ def test_garbage_without_request_id_is_acknowledged_and_dropped(start_server, rc
     rs = start_server()
     send_raw(rclient, b"\xff\xfe not json")
     rclient.xadd(KEYS.requests, {"other": "field"})
+    send_raw(rclient, '{"request_id": "r\\ud800", "ready": [], "pools": []}')  # no reply key can be made of it
     assert ask(rclient, request([chain("ok")], [("ok", "t0")])).ok  # type: ignore[union-attr]
     assert rclient.xpending(KEYS.requests, KEYS.group)["pending"] == 0
-    assert rs.server.metrics.requests.labels(outcome="bad_request")._value.get() == 2
+    assert rs.server.metrics.requests.labels(outcome="bad_request")._value.get() == 3
+    assert rs.thread.is_alive()
 
 
 def test_oversized_request_gets_bad_request(start_server, rclient: redis.Redis) -> None:
