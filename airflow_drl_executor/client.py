@@ -18,7 +18,9 @@ from dataclasses import replace
 import redis
 
 from policy.errors import SchemaError
+from policy.placement import EarliestFinishPlacer
 from policy.schema import (
+    Decision,
     PlacementReply,
     PlacementRequest,
     RunEntry,
@@ -166,8 +168,9 @@ class PlacementClient:
             deadline_ms=remaining * 1000.0,
         )
         payload = dumps(message)
+        too_big: dict[str, int] = {}
         if len(payload) > self.max_request_bytes:
-            message, payload = self._fit(message, len(payload))
+            message, payload, too_big = self._fit(message, len(payload))
         if len(payload) > self.max_request_bytes:
             self._forget(graphs)
             raise PlacementUnavailable(f"request of {len(payload)} bytes exceeds the policy servers' limit "
@@ -188,6 +191,8 @@ class PlacementClient:
             raise PlacementUnavailable(f"malformed reply: {exc}") from exc
         if reply.request_id != message.request_id:
             raise PlacementUnavailable(f"reply for {reply.request_id!r}, expected {message.request_id!r}")
+        if too_big and reply.ok:
+            reply = replace(reply, decisions=reply.decisions + self._never_fit(request, graphs, too_big))
         if reply.ok:  # the server has them now (cached, and in the shared store)
             for entry in message.runs:
                 if isinstance(entry, RunGraph):
@@ -196,15 +201,29 @@ class PlacementClient:
             self._forget(graphs)
         return reply
 
-    def _fit(self, message: PlacementRequest, size: int) -> tuple[PlacementRequest, bytes]:
+    def _never_fit(self, request: PlacementRequest, graphs: Mapping[str, RunGraph],
+                   too_big: Mapping[str, int]) -> tuple[Decision, ...]:
+        """Fallback decisions for the ready tasks of runs whose graph alone is over the servers'
+        limit: no later heartbeat can send it, and a task left without a decision is taken for one
+        the policy holds (found by review: such tasks waited ``max_wait_s`` at every heartbeat)."""
+        ready = tuple(t for t in request.ready if t.run_key in too_big)
+        sub = replace(request, ready=ready, runs=(), progress=())
+        return tuple(replace(d, fallback=True, reason=f"fallback: the run's graph ({too_big[d.run_key]} bytes) is over "
+                             f"the policy servers' request limit of {self.max_request_bytes}; {d.reason}")
+                     for d in EarliestFinishPlacer(fallback=True).place(sub, graphs))
+
+    def _fit(self, message: PlacementRequest, size: int) -> tuple[PlacementRequest, bytes, dict[str, int]]:
         """``message`` cut to the runs whose graphs fit the servers' limit (the runs sent by
         reference first, then the smallest new graphs), and its JSON: the ready tasks of the runs
         left out get no decision now (the executor offers them again at the next heartbeat, when
         the graphs sent now go by reference). Without this, runs whose graphs exceed the limit
         together were placed by the fallback at every heartbeat they shared (found by review: six
-        10,000-task runs ready at once, 9 MB)."""
+        10,000-task runs ready at once, 9 MB). Also the runs whose graph alone does not fit beside the
+        rest of the request (their sizes): no heartbeat can send them (:meth:`_never_fit`)."""
         sizes = {e.run_key: len(json.dumps(e.to_json(), separators=(",", ":")).encode()) for e in message.runs}
         room = self.max_request_bytes - (size - sum(sizes.values()))  # what the rest of the request takes
+        too_big = {e.run_key: sizes[e.run_key] for e in message.runs
+                   if isinstance(e, RunGraph) and sizes[e.run_key] + 2 > room}
         keep: set[str] = set()
         for entry in sorted(message.runs, key=lambda e: (isinstance(e, RunGraph), sizes[e.run_key])):
             if sizes[entry.run_key] + 2 > room:  # (+2: the separator and some slack per run)
@@ -213,14 +232,14 @@ class PlacementClient:
             keep.add(entry.run_key)
         ready = tuple(t for t in message.ready if t.run_key in keep)
         if not ready:
-            return message, dumps(message)
+            return message, dumps(message), {}
         left = sorted({e.run_key for e in message.runs} - keep)
         log.warning("request %s of %d bytes over the servers' limit of %d: %d run(s) sent now, %d left for the next "
                     "heartbeat (%s)", message.request_id, size, self.max_request_bytes, len(keep), len(left),
                     ", ".join(left[:5]) + (" ..." if len(left) > 5 else ""))
         cut = replace(message, ready=ready, runs=tuple(e for e in message.runs if e.run_key in keep),
                       progress=tuple(p for p in message.progress if p.run_key in keep))
-        return cut, dumps(cut)
+        return cut, dumps(cut), too_big
 
     def _forget(self, graphs: Mapping[str, RunGraph]) -> None:
         """Send these runs' graphs in full next time."""

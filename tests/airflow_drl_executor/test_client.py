@@ -175,3 +175,20 @@ def test_runs_over_the_limit_together_are_sent_over_heartbeats(redis_url: str,
     second = client.place(replace(request, request_id="r2"), {"d/a": a, "d/b": b})
     assert sorted(d.run_key for d in second.decisions) == ["d/a", "d/b"], "the other run's graph, now it fits"
     assert placed in {"d/a", "d/b"}
+
+
+def test_a_run_whose_graph_alone_is_over_the_limit_is_placed_by_the_fallback_at_once(
+        redis_url: str, policy_server: Callable[..., PolicyServer]) -> None:
+    """was: beside any run that fits, its tasks got no decision at every heartbeat (its graph can
+    never be sent), which the executor takes for the policy holding them: each waited max_wait_s"""
+    from policy.schema import dumps
+
+    policy_server()
+    small, giant = _big_graph(run="d/small", n=5), _big_graph(run="d/giant", n=300)
+    one = len(dumps(PlacementRequest("x", (ReadyTask("d/small", "task-0000"),), POOLS, runs=(small,))))
+    client = _client(redis_url, max_request_bytes=one + 400)
+    request = PlacementRequest("r1", (ReadyTask("d/small", "task-0000"), ReadyTask("d/giant", "task-0000")), POOLS)
+    reply = client.place(request, {"d/small": small, "d/giant": giant})
+    by_run = {d.run_key: d for d in reply.decisions}
+    assert sorted(by_run) == ["d/giant", "d/small"] and not by_run["d/small"].fallback
+    assert by_run["d/giant"].fallback and "over the policy servers' request limit" in by_run["d/giant"].reason
