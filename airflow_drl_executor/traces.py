@@ -193,7 +193,9 @@ def outcomes_query(limit: int = 500, dag_ids: Collection[str] | None = None,
     params: list[Any] = []
     if dag_ids is not None:
         clauses.append("p.dag_id IN :dag_ids")
-        params.append(bindparam("dag_ids", value=sorted(dag_ids), expanding=True))
+        # typed: an empty list renders as a typed empty set (untyped, PostgreSQL refused comparing
+        # varchar with the integer NULL of SQLAlchemy's empty IN: a 500 for a user reading no DAG)
+        params.append(bindparam("dag_ids", value=sorted(dag_ids), expanding=True, type_=placements.c.dag_id.type))
     for name in ("dag_id", "run_id", "task_id", "pool", "fallback"):
         value = getattr(where, name)
         if value is not None:  # the column names are ours, the values bound

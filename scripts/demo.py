@@ -156,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.once:
             stack.down()
         return 1
+    except BaseException:  # Ctrl-C or an unexpected error while waiting: the services run in sessions
+        print("\n[demo] stopping the stack", file=sys.stderr)  # of their own, so nothing else stops them
+        stack.down()
+        raise
     print(report)
     print(f"\n[demo] Airflow UI: {stack.api_url}  login: admin / {stack.secret('admin')}")
     print(f"[demo] placements page: {stack.api_url}/drl/   policy metrics: http://127.0.0.1:{stack.ports.metrics}/metrics")

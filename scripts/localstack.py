@@ -228,6 +228,9 @@ class Stack:
         user = "postgres" if _user_exists("postgres") else None
         if user is None:
             raise StackError("system user 'postgres' missing: install the Debian package 'postgresql'")
+        if os.geteuid() != 0:  # (found by review: a PermissionError traceback from chown)
+            raise StackError("the local stack runs PostgreSQL as the system user 'postgres' (chown, runuser): "
+                             "run make demo / make test as root, as CI does")
         pw = pwd.getpwnam(user)
         for d in (self.state, self.logs):
             d.mkdir(parents=True, exist_ok=True)

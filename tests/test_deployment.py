@@ -108,3 +108,17 @@ def test_every_long_running_service_has_a_healthcheck() -> None:
 def test_the_build_context_leaves_out_the_local_state() -> None:
     ignored = (REPO / ".dockerignore").read_text().split()
     assert {".venv", ".stack", ".stack-test", "runs"} <= set(ignored)
+
+
+def test_every_airflow_container_shares_one_fernet_key() -> None:
+    """was: none was set, so each container wrote its own airflow.cfg with a random key: a
+    connection saved in the UI could not be read by the workers, nor after the next recreate"""
+    from cryptography.fernet import Fernet
+
+    airflow = {name: svc for name, svc in COMPOSE["services"].items()
+               if svc.get("environment", {}).get("AIRFLOW__CORE__EXECUTOR")}
+    assert {"scheduler", "api-server"} <= set(airflow) and len(airflow) >= 5
+    keys = {svc["environment"]["AIRFLOW__CORE__FERNET_KEY"] for svc in airflow.values()}
+    (key,) = keys
+    default = key.split(":-", 1)[1].rstrip("}")  # ${AIRFLOW_FERNET_KEY:-...}
+    Fernet(default.encode())  # a valid key

@@ -10,6 +10,7 @@ from localstack import Stack
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
+from airflow_drl_executor import traces
 from airflow_drl_executor.export import export_runs
 from policy.catalogue import load_catalogue
 from policy.graph import view
@@ -31,6 +32,10 @@ def test_recorded_runs_export_as_replay(stack: Stack, api: Api, tmp_path) -> Non
         runs = export_runs(session, catalogue, since=now - dt.timedelta(hours=1), until=now)
         excluded = export_runs(session, catalogue, since=now - dt.timedelta(hours=1), until=now,
                                exclude_dags=[DAG])
+        # the Placements page of a user who may read no DAG, on PostgreSQL (was: a 500, the empty
+        # IN compared varchar with integer)
+        assert session.execute(traces.outcomes_query(10, set())).all() == []
+        assert session.execute(traces.outcomes_query(10, {DAG})).all()
     engine.dispose()
     ours = next(r for r in runs if r.graph.run_key == f"{DAG}/{run_id}")
     assert len(ours.graph.tasks) == 7 and len(ours.graph.edges) == 6
