@@ -48,7 +48,9 @@ def test_nightly_retrain_promotes_a_candidate_the_running_server_then_serves(sta
     assert _served(stack, want, timeout_s=60) == want
     # and back to the incumbent, so the tests after this one see the stack's packaged default
     activate(manifest.parent, incumbent["checkpoint"], sha256=incumbent.get("sha256"))
-    back = (incumbent["checkpoint"], f"drl:{load_checkpoint(incumbent['checkpoint']).version}")
+    seeded = manifest.parent / incumbent["checkpoint"]  # the registry's copy of the default, relative to it
+    assert not Path(incumbent["checkpoint"]).is_absolute() and seeded.is_dir()
+    back = (str(seeded), f"drl:{load_checkpoint(seeded).version}")
     assert _served(stack, back, timeout_s=60) == back
 
 
