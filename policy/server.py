@@ -403,7 +403,17 @@ class PolicyServer:
         if not entries:
             return 0
         jobs = self.handle(entries)
-        self._reply(r, jobs)
+        try:
+            self._reply(r, jobs)
+        except redis.RedisError:
+            raise
+        except Exception:  # noqa: BLE001 - a reply that cannot be written must not kill the replica
+            # nor, left pending, each replica that takes the entries over (found by review: a
+            # request id redis-py could not encode did that); the clients time out into their fallback
+            log.exception("cannot write the replies of a batch of %d: its entries are dropped unanswered", len(jobs))
+            ids = [j.entry_id for j in jobs]
+            r.xack(self.keys.requests, self.keys.group, *ids)
+            r.xdel(self.keys.requests, *ids)
         return len(jobs)
 
     def _read(self, r: redis.Redis, count: int, block_ms: int | None) -> list[tuple[bytes, dict[bytes, bytes]]]:

@@ -99,6 +99,26 @@ def test_garbage_without_request_id_is_acknowledged_and_dropped(start_server, rc
     assert rs.thread.is_alive()
 
 
+def test_a_batch_whose_replies_cannot_be_written_is_dropped_not_fatal(start_server, rclient: redis.Redis) -> None:
+    """was: an error other than Redis's while writing the replies (redis-py failing to encode a
+    key) ended the replica's loop, and each replica that took the pending entry over"""
+    rs = start_server()
+    real, calls = rs.server._reply, []
+
+    def reply(r, jobs):  # type: ignore[no-untyped-def]
+        calls.append(len(jobs))
+        if len(calls) == 1:
+            raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+        return real(r, jobs)
+    rs.server._reply = reply
+    lost = request([chain("lost")], [("lost", "t0")], request_id="lost")
+    send(rclient, lost)
+    assert wait_reply(rclient, "lost", timeout_s=1.0) is None
+    assert ask(rclient, request([chain("ok")], [("ok", "t0")])).ok  # type: ignore[union-attr]
+    assert rs.thread.is_alive() and calls[0] == 1
+    assert rclient.xpending(KEYS.requests, KEYS.group)["pending"] == 0
+
+
 def test_oversized_request_gets_bad_request(start_server, rclient: redis.Redis) -> None:
     start_server(max_request_bytes=4096)
     big = request([chain("big", 200)], [("big", "t0")], request_id="too-big")
