@@ -123,7 +123,7 @@ def _graph(run_key: str, rows: Sequence[dict[str, Any]], builder: GraphBuilder, 
         seconds = _seconds(r)
         if m >= 0 and seconds is not None and r["pool"] in vms:
             own[node_id(task_id, m)] = seconds * vms[r["pool"]].speed_for(kinds.get(task_id, "default"))
-    tasks, edges = expand_mapped(nodes, structure.edges, expansion)
+    tasks, edges = expand_mapped(nodes, structure.edges, expansion, paired=structure.paired)
     tasks = tuple(replace(n, duration_s=own[n.task_id]) if n.task_id in own else n for n in tasks)
     return RunGraph(run_key=run_key, tasks=tasks, edges=edges)
 

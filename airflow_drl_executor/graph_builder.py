@@ -24,7 +24,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -87,6 +87,8 @@ class _Structure:
     edges: tuple[tuple[int, int], ...]
     hints: tuple[Mapping[str, Any], ...]
     queues: tuple[str, ...]
+    #: the edges between two tasks of one mapped task group: instance k runs after instance k only
+    paired: frozenset[tuple[int, int]] = frozenset()
 
 
 def task_node(task_id: str, hints: Mapping[str, Any], queue: str, *, duration_s: float,
@@ -246,7 +248,7 @@ class GraphBuilder:
         if problems and cached is None:
             log.warning("DRLExecutor: %s: invalid executor_config hints ignored: %s", inst.run_key,
                         "; ".join(problems.values()))
-        tasks, edges = expand_mapped(nodes, structure.edges, expansion)
+        tasks, edges = expand_mapped(nodes, structure.edges, expansion, paired=structure.paired)
         graph = RunGraph(run_key=inst.run_key, tasks=tasks, edges=edges)
         if cached is not None:
             self._cached_nodes -= len(cached[1].tasks)
@@ -275,6 +277,7 @@ class GraphBuilder:
             edges=edges,
             hints=tuple(drl_hints(t.executor_config) for t in ops),
             queues=tuple(str(t.queue) for t in ops),
+            paired=frozenset((u, v) for u, v in edges if _same_mapped_group(ops[u], ops[v])),
         )
         return self._structures.put(version_id, structure)
 
@@ -419,26 +422,41 @@ def _expansions(rows: Iterable[tuple[str, str, int, str]]) -> dict[str, dict[str
     return {k: {t: tuple(sorted(m)) for t, m in v.items()} for k, v in found.items()}
 
 
-def expand_mapped(nodes: Sequence[TaskNode], edges: Sequence[tuple[int, int]], expansion: Mapping[str, tuple[int, ...]]
-            ) -> tuple[tuple[TaskNode, ...], tuple[tuple[int, int], ...]]:
+def _same_mapped_group(a: Any, b: Any) -> bool:
+    """Whether two tasks sit in one mapped task group (Airflow then runs ``b[k]`` after ``a[k]``)."""
+    group = a.get_closest_mapped_task_group()
+    return group is not None and group is b.get_closest_mapped_task_group()
+
+
+def expand_mapped(
+    nodes: Sequence[TaskNode], edges: Sequence[tuple[int, int]], expansion: Mapping[str, tuple[int, ...]],
+    *, paired: Collection[tuple[int, int]] = (),
+) -> tuple[tuple[TaskNode, ...], tuple[tuple[int, int], ...]]:
     """``nodes`` with each expanded mapped task replaced by one node per instance, and ``edges``
-    between them (see the module docstring)."""
+    between them (see the module docstring); an edge in ``paired`` (two tasks of one mapped task
+    group) joins instance k to instance k only, as Airflow runs them (found by review: every to
+    every, 840 edges for a 3-task group of 20 instances where Airflow has 80)."""
     if not expansion:
         return tuple(nodes), tuple(edges)
     out: list[TaskNode] = []
     at: list[list[int]] = []
+    by_index: list[dict[int, int]] = []  # each task's instances by map index
     for node in nodes:
         indexes = expansion.get(node.task_id)
         if indexes:
             at.append(list(range(len(out), len(out) + len(indexes))))
+            by_index.append({m: len(out) + i for i, m in enumerate(indexes)})
             out.extend(replace(node, task_id=node_id(node.task_id, m)) for m in indexes)
         else:
             at.append([len(out)])
+            by_index.append({})
             out.append(node)
     new_edges: set[tuple[int, int]] = set()
     for u, v in edges:
         us, vs = at[u], at[v]
-        if len(us) * len(vs) <= MAX_CROSS_EDGES or len(us) == 1 or len(vs) == 1:
+        if (u, v) in paired and by_index[u] and by_index[v]:
+            new_edges.update((a, by_index[v][m]) for m, a in by_index[u].items() if m in by_index[v])
+        elif len(us) * len(vs) <= MAX_CROSS_EDGES or len(us) == 1 or len(vs) == 1:
             new_edges.update((a, b) for a in us for b in vs)
         else:  # two wide mapped tasks: instance k before instance k (as a mapped task group runs)
             longer = max(len(us), len(vs))

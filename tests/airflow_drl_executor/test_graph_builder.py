@@ -202,3 +202,54 @@ def test_started_reads_the_start_of_the_running_ones_only() -> None:
     with Session(engine) as session:
         got = gb.started(session, [str(run), str(wait), str(done), str(uuid.uuid4())])
     assert list(got) == [str(run)] and got[str(run)] == pytest.approx(t0.timestamp(), abs=1.0)
+
+
+def test_a_mapped_task_group_is_joined_instance_by_instance() -> None:
+    """Inside a mapped task group Airflow runs step[k] after simulate[k] only. was: every instance
+    of simulate before every instance of step (840 edges for a 3-task group of 20 where Airflow has
+    80): a ready step[3] showed 19 unfinished parents, a state the simulator never makes"""
+    from airflow.sdk import DAG, task, task_group
+
+    from airflow_drl_executor.graph_builder import _same_mapped_group, expand_mapped
+    from policy.schema import TaskNode
+
+    with DAG("mtg", schedule=None) as dag:
+        @task
+        def split() -> list[int]:
+            return [1, 2]
+
+        @task
+        def simulate(x: int) -> int:
+            return x
+
+        @task
+        def step(x: int) -> int:
+            return x
+
+        @task
+        def aggregate(xs: list[int]) -> None:
+            pass
+
+        @task_group
+        def group(x: int) -> int:
+            return step(simulate(x))
+
+        aggregate(group.expand(x=split()))
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    serialized = DagSerialization.from_dict(DagSerialization.to_dict(dag))  # what structure() reads
+    ops = sorted(serialized.tasks, key=lambda t: t.task_id)
+    ids = [t.task_id for t in ops]
+    index = {t: i for i, t in enumerate(ids)}
+    edges = sorted((index[t.task_id], index[d]) for t in ops for d in t.downstream_task_ids)
+    paired = frozenset((u, v) for u, v in edges if _same_mapped_group(ops[u], ops[v]))
+    assert [(ids[u], ids[v]) for u, v in sorted(paired)] == [("group.simulate", "group.step")]
+    nodes = [TaskNode(t) for t in ids]
+    expansion = {"group.simulate": tuple(range(20)), "group.step": tuple(range(20))}
+    tasks, out = expand_mapped(nodes, edges, expansion, paired=paired)
+    names = [t.task_id for t in tasks]
+    pairs = {(names[u], names[v]) for u, v in out}
+    assert ("group.simulate[3]", "group.step[3]") in pairs and ("group.simulate[3]", "group.step[4]") not in pairs
+    assert sum(1 for a, b in pairs if b == "group.step[3]") == 1
+    assert sum(1 for a, b in pairs if b == "aggregate") == 20, "leaving the group: every instance"
+    assert len(out) == 60, "split -> 20 simulate, 20 pairs, 20 step -> aggregate (was 440)"
