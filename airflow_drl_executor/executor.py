@@ -358,12 +358,10 @@ class DRLExecutor(CeleryExecutor):
         ignored: dict[tuple[str, str], str] = {}
         failed: dict[str, str] = {}
         unplaced = ""  # why the executor places the tasks the request does not hold itself
-        airflow_pools: dict[str, str] = {}  # ti id -> its Airflow pool, if not the default one
         try:
             with create_session() as session:
                 self._running_in_db = self.graph_builder.running_by_pool(session)
                 self._started = self._starts(session)
-                airflow_pools = self.graph_builder.airflow_pools(session, [w.ti.id for w in tasks])
                 batch = self.graph_builder.build(ready, session, not_sent=self._not_sent())
             pools = self.pool_states()
             graphs, ignored, failed = batch.graphs, batch.ignored, batch.failed
@@ -406,6 +404,8 @@ class DRLExecutor(CeleryExecutor):
             self._held_since = {k: t for k, t in self._held_since.items() if k in queued}
         placed: list[Any] = []
         planner = self.ledger.planner({p.name: p.slots for p in pools}, time.time())
+        airflow_pools = self._airflow_pools([w for inst, w in zip(ready, tasks, strict=True)
+                                             if (inst.run_key, inst.node) not in decisions])
         for inst, w in zip(ready, tasks, strict=True):
             key = self._key(w)
             decision = decisions.get((inst.run_key, inst.node))
@@ -460,6 +460,21 @@ class DRLExecutor(CeleryExecutor):
         if placed:
             self._set_queues(placed)
         return records, held | late
+
+    def _airflow_pools(self, undecided: Sequence[Any]) -> dict[str, str]:
+        """ti id -> the Airflow pool of each of these tasks (the ones the policy would hold) not in
+        the default one, from the metadata DB (a workload does not carry it); read only when the
+        policy left some task undecided. Unreadable: none (they may be held, as before)."""
+        from airflow.utils.session import create_session
+
+        if not undecided:
+            return {}
+        try:
+            with create_session() as session:
+                return self.graph_builder.airflow_pools(session, [w.ti.id for w in undecided])
+        except SQLAlchemyError as exc:
+            self.log.warning("DRLExecutor: cannot read the Airflow pools of held tasks: %s", exc)
+            return {}
 
     def _routed_elsewhere(self, ti: Any) -> bool:
         """A task whose queue is neither one of the pools nor the default queue was sent there on

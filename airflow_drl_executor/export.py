@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import DateTime, bindparam, text
 
-from airflow_drl_executor.graph_builder import GraphBuilder, expand_mapped, lenient_node, node_id
+from airflow_drl_executor.graph_builder import GraphBuilder, expand_mapped, expansions, lenient_node, node_id
 from policy.catalogue import Catalogue, VMClass
 from policy.errors import PolicyError
 from policy.replay import ReplayRun
@@ -115,8 +115,7 @@ def _graph(run_key: str, rows: Sequence[dict[str, Any]], builder: GraphBuilder, 
                 s * vms[pool].speed_for(node.kind) for pool, s in observed[task_id]))
         nodes.append(node)
     # a mapped task's instances as the graph builder sent them, each with its own observed time
-    expansion = {t: tuple(sorted(m for (t2, m) in instances if t2 == t and m >= 0))
-                 for t in {t for (t, m) in instances if m >= 0}}
+    expansion = expansions((run_key, t, m, "") for t, m in instances).get(run_key, {})
     kinds = {n.task_id: n.kind for n in nodes}
     own: dict[str, float] = {}
     for (task_id, m), r in instances.items():

@@ -196,10 +196,10 @@ class GraphBuilder:
                 newest[inst.run_key] = inst
         runs = {(i.dag_id, i.run_id) for i in ready}
         rows = self._ti_rows(runs, session)
-        expansions = _expansions(rows)
+        expanded = expansions(rows)
         for run_key, inst in newest.items():
             try:
-                graphs[run_key], problems[run_key] = self._graph(inst, session, expansions.get(run_key, {}))
+                graphs[run_key], problems[run_key] = self._graph(inst, session, expanded.get(run_key, {}))
             except PolicyError as exc:
                 failed[run_key] = str(exc)
         for inst in ready:
@@ -338,11 +338,10 @@ class GraphBuilder:
         from sqlalchemy import select
 
         out: dict[str, float] = {}
-        ids = sorted({uuid.UUID(str(i)) for i in ti_ids})
-        for i in range(0, len(ids), 1000):  # bounded IN lists
+        for ids in _id_chunks(ti_ids):
             rows = session.execute(
                 select(TaskInstance.id, TaskInstance.start_date)
-                .where(TaskInstance.id.in_(ids[i:i + 1000]), TaskInstance.state == "running")
+                .where(TaskInstance.id.in_(ids), TaskInstance.state == "running")
             ).all()
             for ti_id, start in rows:
                 if start is not None:  # Airflow's dates are UTC; a naive one is too
@@ -358,11 +357,10 @@ class GraphBuilder:
         from sqlalchemy import select
 
         out: dict[str, str] = {}
-        ids = sorted({uuid.UUID(str(i)) for i in ti_ids})
-        for i in range(0, len(ids), 1000):  # bounded IN lists
+        for ids in _id_chunks(ti_ids):
             rows = session.execute(
                 select(TaskInstance.id, TaskInstance.pool)
-                .where(TaskInstance.id.in_(ids[i:i + 1000]), TaskInstance.pool != "default_pool")
+                .where(TaskInstance.id.in_(ids), TaskInstance.pool != "default_pool")
             ).all()
             out.update((uuid_text(ti_id), str(pool)) for ti_id, pool in rows if pool)
         return out
@@ -413,7 +411,13 @@ def uuid_text(value: object) -> str:
     return str(uuid.UUID(str(value)))
 
 
-def _expansions(rows: Iterable[tuple[str, str, int, str]]) -> dict[str, dict[str, tuple[int, ...]]]:
+def _id_chunks(ti_ids: Iterable[object], size: int = 1000) -> Iterable[list[uuid.UUID]]:
+    """These task instance ids as UUIDs, sorted, in lists of at most ``size`` (bounded IN lists)."""
+    ids = sorted({uuid.UUID(str(i)) for i in ti_ids})
+    return (ids[i:i + size] for i in range(0, len(ids), size))
+
+
+def expansions(rows: Iterable[tuple[str, str, int, str]]) -> dict[str, dict[str, tuple[int, ...]]]:
     """Run key -> task id -> the map indexes of each expanded mapped task."""
     found: dict[str, dict[str, set[int]]] = {}
     for run_key, task_id, map_index, _ in rows:
@@ -439,23 +443,16 @@ def expand_mapped(
     if not expansion:
         return tuple(nodes), tuple(edges)
     out: list[TaskNode] = []
-    at: list[list[int]] = []
-    by_index: list[dict[int, int]] = []  # each task's instances by map index
+    at: list[dict[int, int]] = []  # each task's nodes by map index (-1: not expanded)
     for node in nodes:
-        indexes = expansion.get(node.task_id)
-        if indexes:
-            at.append(list(range(len(out), len(out) + len(indexes))))
-            by_index.append({m: len(out) + i for i, m in enumerate(indexes)})
-            out.extend(replace(node, task_id=node_id(node.task_id, m)) for m in indexes)
-        else:
-            at.append([len(out)])
-            by_index.append({})
-            out.append(node)
+        indexes = expansion.get(node.task_id) or (-1,)
+        at.append({m: len(out) + i for i, m in enumerate(indexes)})
+        out.extend(replace(node, task_id=node_id(node.task_id, m)) for m in indexes)
     new_edges: set[tuple[int, int]] = set()
     for u, v in edges:
-        us, vs = at[u], at[v]
-        if (u, v) in paired and by_index[u] and by_index[v]:
-            new_edges.update((a, by_index[v][m]) for m, a in by_index[u].items() if m in by_index[v])
+        us, vs = list(at[u].values()), list(at[v].values())
+        if (u, v) in paired and -1 not in at[u] and -1 not in at[v]:
+            new_edges.update((a, at[v][m]) for m, a in at[u].items() if m in at[v])
         elif len(us) * len(vs) <= MAX_CROSS_EDGES or len(us) == 1 or len(vs) == 1:
             new_edges.update((a, b) for a in us for b in vs)
         else:  # two wide mapped tasks: instance k before instance k (as a mapped task group runs)
