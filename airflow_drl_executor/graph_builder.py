@@ -439,7 +439,8 @@ def expand_mapped(
     """``nodes`` with each expanded mapped task replaced by one node per instance, and ``edges``
     between them (see the module docstring); an edge in ``paired`` (two tasks of one mapped task
     group) joins instance k to instance k only, as Airflow runs them (found by review: every to
-    every, 840 edges for a 3-task group of 20 instances where Airflow has 80)."""
+    every, 440 edges for a 2-task group of 20 instances between a split and an aggregate where
+    Airflow has 60)."""
     if not expansion:
         return tuple(nodes), tuple(edges)
     out: list[TaskNode] = []

@@ -78,8 +78,8 @@ NEG_INF = -1e9
 #: maximum count as tied, and the tie goes to the row first in decode order (longest remaining
 #: critical path, then the higher priority, then request order, which the executor makes
 #: Airflow's priority order; :func:`policy.features.decode_order`), on that row's best pool.
-#: Without it the logits of two identical ready tasks, which differ by float32 rounding only (up
-#: to ~2e-5 on the default checkpoint), decided which took a contended slot: the one with the
+#: Without it the logits of two identical ready tasks, which differ by float32 rounding only,
+#: decided which took a contended slot: the one with the
 #: higher Airflow priority was chosen first in 50 of 198 requests, with it in 198
 #: (``scripts/priority_probe.py``, its second line; found by review, 2026-12-06). A gap of 1e-4
 #: is a probability ratio of 1.0001: no preference a model could have learnt. (Decoders whose

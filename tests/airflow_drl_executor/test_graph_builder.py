@@ -206,8 +206,8 @@ def test_started_reads_the_start_of_the_running_ones_only() -> None:
 
 def test_a_mapped_task_group_is_joined_instance_by_instance() -> None:
     """Inside a mapped task group Airflow runs step[k] after simulate[k] only. was: every instance
-    of simulate before every instance of step (840 edges for a 3-task group of 20 where Airflow has
-    80): a ready step[3] showed 19 unfinished parents, a state the simulator never makes"""
+    of simulate before every instance of step (440 edges in all here, where Airflow has 60): a ready
+    step[3] showed 19 unfinished parents, a state the simulator never makes"""
     from airflow.sdk import DAG, task, task_group
 
     from airflow_drl_executor.graph_builder import _same_mapped_group, expand_mapped

@@ -639,8 +639,8 @@ def test_an_ensemble_decides_on_its_members_mean_logits(reserve_busy: bool, kern
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"] + (["compiled"] if step_kernel.AVAILABLE else []))
 def test_every_decoder_gives_a_near_tie_to_the_row_first_in_decode_order(backend: str) -> None:
-    """Two identical ready tasks on a checkpoint: their logits differ by float32 rounding only (up
-    to ~2e-5), and every greedy decoder (one request on numpy, compiled or recorded; a batch on
+    """Two identical ready tasks on a checkpoint: their logits differ by float32 rounding only, and
+    every greedy decoder (one request on numpy, compiled or recorded; a batch on
     numpy or torch) decides them in request order, which the executor makes Airflow's priority
     order (policy.model.TIE_TOLERANCE): the first listed is chosen first, and each request is
     decided as its mirror image. was: the rounding decided (scripts/priority_probe.py: the first
