@@ -292,14 +292,24 @@ class GraphBuilder:
 
     def _durations(self, dag_id: str, session: Session) -> dict[str, list[tuple[str, float, int]]]:
         """Per task, ``(queue, mean seconds, count)`` of its successful tries in the DAG's latest
-        ``HISTORY_RUNS`` runs."""
+        ``HISTORY_RUNS`` runs: the time each held a worker slot, as the simulator's durations are.
+
+        A try resumed from deferral keeps its first start date (Airflow 3.3's ``ti_run`` leaves it
+        when resuming), so its ``duration`` counts the wait in the triggerer too: 2 s of work that
+        waited an hour for its trigger has a ``duration`` of ~3,600 s (found by review). Such a try
+        was queued again after it started (``queued_dttm`` > ``start_date``, the scheduler stamps
+        every queueing): it is counted from that last queueing to its end, its run after the
+        trigger fired (what it ran before deferring is not recorded anywhere, usually a submit).
+        A try that ended in the triggerer (``end_from_trigger``: Airflow leaves its
+        ``next_method`` set, a worker's end clears it) held its slot only until it deferred, a
+        time recorded nowhere: it is left out (its task takes its hint, or the default)."""
         now = time.monotonic()
         hit = self._history.get(dag_id)
         if hit is not None and now - hit[0] < self.history_ttl_s:
             return hit[1]
         from airflow.models.dagrun import DagRun
-        from airflow.models.taskinstance import TaskInstance
-        from sqlalchemy import func, select
+        from airflow.models.taskinstance import TaskInstance as TI
+        from sqlalchemy import func, or_, select
 
         # Two bounded reads (MySQL takes no LIMIT in an IN subquery): the DAG's latest runs by the
         # dag_run primary key, then their successful task instances by (dag_id, run_id); the
@@ -307,16 +317,33 @@ class GraphBuilder:
         recent = session.execute(
             select(DagRun.run_id).where(DagRun.dag_id == dag_id).order_by(DagRun.id.desc()).limit(HISTORY_RUNS)
         ).scalars().all()
+        done = (TI.dag_id == dag_id, TI.run_id.in_(list(recent)), TI.state == "success", TI.next_method.is_(None))
+        resumed = TI.queued_dttm > TI.start_date
         rows = session.execute(
-            select(TaskInstance.task_id, TaskInstance.queue, func.avg(TaskInstance.duration), func.count())
-            .where(TaskInstance.dag_id == dag_id, TaskInstance.run_id.in_(list(recent)),
-                   TaskInstance.state == "success", TaskInstance.duration.is_not(None))
-            .group_by(TaskInstance.task_id, TaskInstance.queue)
+            select(TI.task_id, TI.queue, func.avg(TI.duration), func.count())
+            .where(*done, TI.duration.is_not(None),
+                   or_(TI.queued_dttm.is_(None), TI.start_date.is_(None), ~resumed))
+            .group_by(TI.task_id, TI.queue)
         ).all() if recent else []
-        durations: dict[str, list[tuple[str, float, int]]] = {}
+        totals: dict[tuple[str, str], list[float]] = {}  # (task, queue) -> [seconds, count]
         for task_id, queue, mean, n in rows:
             if mean is not None:
-                durations.setdefault(task_id, []).append((str(queue), float(mean), int(n)))
+                totals[(str(task_id), str(queue))] = [float(mean) * int(n), int(n)]
+        # the resumed tries one by one (few: the deferrable tasks' own), in Python: date
+        # arithmetic differs between PostgreSQL, MySQL and SQLite
+        for task_id, queue, queued, end in session.execute(
+            select(TI.task_id, TI.queue, TI.queued_dttm, TI.end_date)
+            .where(*done, resumed, TI.end_date.is_not(None))
+        ).all() if recent else []:
+            seconds = (_utc(end) - _utc(queued)).total_seconds()
+            if seconds >= 0:
+                total = totals.setdefault((str(task_id), str(queue)), [0.0, 0])
+                total[0] += seconds
+                total[1] += 1
+        durations: dict[str, list[tuple[str, float, int]]] = {}
+        for (task_id, queue), (seconds, n) in sorted(totals.items()):
+            if n:
+                durations.setdefault(task_id, []).append((queue, seconds / n, int(n)))
         self._history.put(dag_id, (now, durations))
         return durations
 
@@ -333,20 +360,21 @@ class GraphBuilder:
         return {str(queue): int(n) for queue, n in rows}
 
     def started(self, session: Session, ti_ids: Sequence[str]) -> dict[str, float]:
-        """Of these task instances (ids), the ones running, with their start (epoch seconds)."""
+        """Of these task instances (ids), the ones running, with their start on a worker (epoch
+        seconds): the start date, or for a try resumed from deferral (Airflow keeps its first
+        start date) its last queueing."""
         from airflow.models.taskinstance import TaskInstance
         from sqlalchemy import select
 
         out: dict[str, float] = {}
         for ids in _id_chunks(ti_ids):
             rows = session.execute(
-                select(TaskInstance.id, TaskInstance.start_date)
+                select(TaskInstance.id, TaskInstance.start_date, TaskInstance.queued_dttm)
                 .where(TaskInstance.id.in_(ids), TaskInstance.state == "running")
             ).all()
-            for ti_id, start in rows:
-                if start is not None:  # Airflow's dates are UTC; a naive one is too
-                    aware = start if start.tzinfo is not None else start.replace(tzinfo=dt.UTC)
-                    out[uuid_text(ti_id)] = aware.timestamp()
+            for ti_id, start, queued in rows:
+                if start is not None:
+                    out[uuid_text(ti_id)] = _worker_start(start, queued)
         return out
 
     def airflow_pools(self, session: Session, ti_ids: Sequence[object]) -> dict[str, str]:
@@ -404,6 +432,20 @@ class GraphBuilder:
             self._cached_nodes -= len(self._graphs.pop(key)[1].tasks)
             if self._cached_nodes <= MAX_CACHED_NODES:
                 break
+
+
+def _utc(when: dt.datetime) -> dt.datetime:
+    """Airflow's dates are UTC; a naive one (SQLite, MySQL) is too."""
+    return when if when.tzinfo is not None else when.replace(tzinfo=dt.UTC)
+
+
+def _worker_start(start: dt.datetime, queued: dt.datetime | None) -> float:
+    """When a running try took its worker slot (epoch seconds): its start date, or its last
+    queueing when that came later (a try resumed from deferral keeps its first start date)."""
+    at = _utc(start)
+    if queued is not None and _utc(queued) > at:
+        at = _utc(queued)
+    return at.timestamp()
 
 
 def uuid_text(value: object) -> str:

@@ -348,6 +348,8 @@ class Stack:
         self.spawn("api-server", [airflow, "api-server", "--port", str(self.ports.api), "--host", "127.0.0.1"], env)
         self.spawn("scheduler", [airflow, "scheduler"], env)
         self.spawn("dag-processor", [airflow, "dag-processor"], env)
+        # deferrable operators wait in the triggerer (without one they stay deferred for ever)
+        self.spawn("triggerer", [airflow, "triggerer"], env)
         for i, (pool, concurrency) in enumerate(POOLS):
             wenv = dict(env)
             name = f"{pool}@{socket.gethostname()}"
@@ -362,6 +364,7 @@ class Stack:
         self.wait("api-server", self._api_healthy, 180)
         self.wait("scheduler", lambda: self._component_healthy("scheduler"), 180)
         self.wait("dag-processor", lambda: self._component_healthy("dag_processor"), 180)
+        self.wait("triggerer", lambda: self._component_healthy("triggerer"), 180)
         for pool, _ in POOLS:
             self.wait(f"worker-{pool}", lambda p=pool: b" ready." in _read(self.logs / f"worker-{p}.log"), 180)
 
@@ -383,7 +386,7 @@ class Stack:
 
     # --- whole stack ----------------------------------------------------------------------------
 
-    SERVICES = ("redis", "policy-server", "api-server", "scheduler", "dag-processor",
+    SERVICES = ("redis", "policy-server", "api-server", "scheduler", "dag-processor", "triggerer",
                 *(f"worker-{p}" for p, _ in POOLS))
 
     def up(self) -> None:
@@ -398,7 +401,8 @@ class Stack:
         self.start_policy_server()
         _say("airflow", "db migrate")
         self.migrate()
-        _say("airflow", f"api-server {self.api_url}, scheduler, dag-processor, {len(POOLS)} celery workers")
+        _say("airflow", f"api-server {self.api_url}, scheduler, dag-processor, triggerer, "
+                        f"{len(POOLS)} celery workers")
         self.start_airflow()
         _say("stack", f"up in {time.monotonic() - t0:.0f}s; logs in {self.logs}")
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from airflow_drl_executor.graph_builder import task_node
@@ -89,30 +91,78 @@ def test_mapped_instances_take_their_tasks_edges_hints_and_history(monkeypatch: 
     assert len(narrow) == 100
 
 
-def test_durations_are_the_mean_of_the_dags_latest_runs_only() -> None:
-    """was: AVG over every successful try the DAG ever had, on the heartbeat: a DAG run hourly for
-    years scanned all of them, and a task that got faster kept its old mean"""
+def _history_db() -> Any:
+    """An in-memory database with the columns of ``dag_run`` and ``task_instance`` that
+    ``GraphBuilder._durations`` reads."""
     from sqlalchemy import create_engine, text
-    from sqlalchemy.orm import Session
-
-    from airflow_drl_executor.graph_builder import HISTORY_RUNS, GraphBuilder
 
     engine = create_engine("sqlite://")
     with engine.begin() as conn:
         conn.execute(text("CREATE TABLE dag_run (id INTEGER PRIMARY KEY, dag_id TEXT, run_id TEXT)"))
         conn.execute(text("CREATE TABLE task_instance (dag_id TEXT, run_id TEXT, task_id TEXT, queue TEXT, "
-                          "state TEXT, duration FLOAT)"))
+                          "state TEXT, duration FLOAT, start_date TIMESTAMP, end_date TIMESTAMP, "
+                          "queued_dttm TIMESTAMP, next_method TEXT)"))
+    return engine
+
+
+def test_durations_are_the_mean_of_the_dags_latest_runs_only() -> None:
+    """was: AVG over every successful try the DAG ever had, on the heartbeat: a DAG run hourly for
+    years scanned all of them, and a task that got faster kept its old mean"""
+    from sqlalchemy import text
+    from sqlalchemy.orm import Session
+
+    from airflow_drl_executor.graph_builder import HISTORY_RUNS, GraphBuilder
+
+    engine = _history_db()
+    with engine.begin() as conn:
         for i in range(100):  # 80 old runs at 100 s, then HISTORY_RUNS at 10 s; another DAG at 1 s
             conn.execute(text("INSERT INTO dag_run (dag_id, run_id) VALUES ('etl', :r), ('other', :r)"),
                          {"r": f"r{i}"})
             seconds = 10.0 if i >= 100 - HISTORY_RUNS else 100.0
-            conn.execute(text("INSERT INTO task_instance VALUES ('etl', :r, 't', 'cpu-large', 'success', :s), "
+            conn.execute(text("INSERT INTO task_instance (dag_id, run_id, task_id, queue, state, duration) "
+                              "VALUES ('etl', :r, 't', 'cpu-large', 'success', :s), "
                               "('etl', :r, 'u', 'gpu', 'failed', 500), ('other', :r, 't', 'gpu', 'success', 1)"),
                          {"r": f"r{i}", "s": seconds})
     gb = GraphBuilder(pool_names=POOLS, default_queue="default", default_duration_s=60, history_ttl_s=300)
     with Session(engine) as session:
         assert gb._durations("etl", session) == {"t": [("cpu-large", 10.0, HISTORY_RUNS)]}
         assert gb._durations("never-ran", session) == {}
+
+
+def test_a_try_resumed_from_deferral_counts_its_run_after_the_trigger_not_its_wait() -> None:
+    """Airflow keeps a resumed try's first start date, so its ``duration`` counts the hour it
+    waited in the triggerer. was: a deferrable task of 2 s of work looked like 3,600 s (and the
+    run's critical path and its pool's expected finishes with it)"""
+    from sqlalchemy import text
+    from sqlalchemy.orm import Session
+
+    from airflow_drl_executor.graph_builder import GraphBuilder
+
+    engine = _history_db()
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO dag_run (dag_id, run_id) VALUES ('etl', 'r1'), ('etl', 'r2')"))
+        rows = [  # (run, task, queued, start, end, duration) as Airflow 3.3 leaves them
+            ("r1", "plain", "2026-12-06 01:59:50.000000", "2026-12-06 02:00:00.000000", "2026-12-06 02:00:10.000000", 10.0),
+            # queued, started, deferred at 02:00:01, trigger fired, queued again, done 2 s after
+            ("r1", "wait", "2026-12-06 03:00:00.000000", "2026-12-06 02:00:00.000000", "2026-12-06 03:00:02.000000", 3602.0),
+            ("r2", "wait", "2026-12-06 05:00:00.000000", "2026-12-06 04:00:00.000000", "2026-12-06 05:00:04.000000", 3604.0),
+            ("r2", "plain", None, None, None, 30.0),  # written by an older Airflow: no dates
+            # ended in the triggerer (end_from_trigger): its slot time is not recorded, its
+            # next_method stays set
+            ("r1", "sensor", "2026-12-06 01:59:00.000000", "2026-12-06 02:00:00.000000", "2026-12-06 03:00:00.000000",
+             3600.0),
+        ]
+        for run, task, queued, start, end, seconds in rows:
+            conn.execute(text("INSERT INTO task_instance VALUES ('etl', :r, :t, 'cpu-small', 'success', :s, "
+                              ":start, :end, :q, :m)"), {"r": run, "t": task, "s": seconds, "start": start,
+                                                         "end": end, "q": queued,
+                                                         "m": "execute_complete" if task == "sensor" else None})
+    gb = GraphBuilder(pool_names=POOLS, default_queue="default", default_duration_s=60, history_ttl_s=300)
+    with Session(engine) as session:
+        got = gb._durations("etl", session)
+    assert got["plain"] == [("cpu-small", 20.0, 2)]
+    assert got["wait"] == [("cpu-small", pytest.approx(3.0), 2)]
+    assert "sensor" not in got, "ended in the triggerer: no history (was: 3,600 s)"
 
 
 def test_observed_durations_are_brought_back_to_speed_one_and_replace_the_hint(
@@ -190,18 +240,25 @@ def test_started_reads_the_start_of_the_running_ones_only() -> None:
 
     engine = create_engine("sqlite://")
     table = Table("task_instance", MetaData(), Column("id", TaskInstance.__table__.c.id.type),
-                  Column("state", String(20)), Column("start_date", DateTime(timezone=True)))
+                  Column("state", String(20)), Column("start_date", DateTime(timezone=True)),
+                  Column("queued_dttm", DateTime(timezone=True)))
     table.create(engine)
-    run, wait, done = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    run, wait, done, resumed = uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     t0 = dt.datetime(2026, 12, 6, 2, 0, tzinfo=dt.UTC)
+    later = t0 + dt.timedelta(hours=1)
     with engine.begin() as conn:
-        conn.execute(insert(table), [{"id": run, "state": "running", "start_date": t0},
-                                     {"id": wait, "state": "queued", "start_date": None},
-                                     {"id": done, "state": "success", "start_date": t0}])
+        conn.execute(insert(table), [{"id": run, "state": "running", "start_date": t0, "queued_dttm": t0},
+                                     {"id": wait, "state": "queued", "start_date": None, "queued_dttm": t0},
+                                     {"id": done, "state": "success", "start_date": t0, "queued_dttm": t0},
+                                     # back from the triggerer: Airflow keeps its first start date
+                                     {"id": resumed, "state": "running", "start_date": t0, "queued_dttm": later}])
     gb = GraphBuilder(pool_names=POOLS, default_queue="default", default_duration_s=60, history_ttl_s=300)
     with Session(engine) as session:
-        got = gb.started(session, [str(run), str(wait), str(done), str(uuid.uuid4())])
-    assert list(got) == [str(run)] and got[str(run)] == pytest.approx(t0.timestamp(), abs=1.0)
+        got = gb.started(session, [str(run), str(wait), str(done), str(resumed), str(uuid.uuid4())])
+    assert sorted(got) == sorted([str(run), str(resumed)])
+    assert got[str(run)] == pytest.approx(t0.timestamp(), abs=1.0)
+    # was: its first start, an hour ago: the ledger took its slot to be freeing any moment
+    assert got[str(resumed)] == pytest.approx(later.timestamp(), abs=1.0)
 
 
 def test_a_mapped_task_group_is_joined_instance_by_instance() -> None:

@@ -1,5 +1,5 @@
 """The integration harness: a whole private stack (PostgreSQL, redis-server, the policy server,
-three Celery workers, Airflow api-server, scheduler and dag-processor) in a temporary state folder
+three Celery workers, Airflow api-server, scheduler, dag-processor and triggerer) in a temporary state folder
 on free loopback ports, started once per session and stopped at the end.
 """
 
