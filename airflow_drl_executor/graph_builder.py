@@ -89,6 +89,8 @@ class _Structure:
     queues: tuple[str, ...]
     #: the edges between two tasks of one mapped task group: instance k runs after instance k only
     paired: frozenset[tuple[int, int]] = frozenset()
+    #: each task's ``retries`` (to tell a retry from a cleared task's new try; :func:`attempt`)
+    retries: tuple[int | None, ...] = ()
 
 
 def task_node(task_id: str, hints: Mapping[str, Any], queue: str, *, duration_s: float,
@@ -195,7 +197,7 @@ class GraphBuilder:
             if inst.run_key not in newest or inst.dag_version_id > newest[inst.run_key].dag_version_id:
                 newest[inst.run_key] = inst
         runs = {(i.dag_id, i.run_id) for i in ready}
-        rows = self._ti_rows(runs, session)
+        rows, max_tries = self._ti_rows(runs, session)
         expanded = expansions(rows)
         for run_key, inst in newest.items():
             try:
@@ -209,7 +211,10 @@ class GraphBuilder:
             if inst.task_id in problems[inst.run_key]:
                 ignored[key] = problems[inst.run_key][inst.task_id]
             if key not in tasks:
-                tasks[key] = ReadyTask(run_key=inst.run_key, task_id=inst.node, try_number=inst.try_number)
+                structure = self.structure(newest[inst.run_key].dag_version_id, session)  # cached by _graph
+                retries = dict(zip(structure.task_ids, structure.retries, strict=False)).get(inst.task_id)
+                tasks[key] = ReadyTask(run_key=inst.run_key, task_id=inst.node,
+                                       try_number=attempt(inst.try_number, max_tries.get(key), retries))
         progress = _progress(rows, self._run_ages(runs, session))
         # The ready tasks, and the others queued to the executor and not sent to Celery (``not_sent``:
         # held, or not offered for want of a slot), are "queued" in the database but not
@@ -278,6 +283,7 @@ class GraphBuilder:
             hints=tuple(drl_hints(t.executor_config) for t in ops),
             queues=tuple(str(t.queue) for t in ops),
             paired=frozenset((u, v) for u, v in edges if _same_mapped_group(ops[u], ops[v])),
+            retries=tuple(_retries(t) for t in ops),
         )
         return self._structures.put(version_id, structure)
 
@@ -393,21 +399,26 @@ class GraphBuilder:
             out.update((uuid_text(ti_id), str(pool)) for ti_id, pool in rows if pool)
         return out
 
-    def _ti_rows(self, runs: set[tuple[str, str]], session: Session) -> list[tuple[str, str, int, str]]:
-        """``(run key, task id, map index, state)`` of every task instance of these runs."""
+    def _ti_rows(self, runs: set[tuple[str, str]], session: Session
+                 ) -> tuple[list[tuple[str, str, int, str]], dict[tuple[str, str], int]]:
+        """``(run key, task id, map index, state)`` of every task instance of these runs, and each
+        one's ``max_tries`` by (run key, node)."""
         from airflow.models.taskinstance import TaskInstance
         from sqlalchemy import and_, or_, select
 
         if not runs:
-            return []
+            return [], {}
         rows = session.execute(
             select(TaskInstance.dag_id, TaskInstance.run_id, TaskInstance.task_id, TaskInstance.map_index,
-                   TaskInstance.state)
+                   TaskInstance.state, TaskInstance.max_tries)
             .where(or_(*(and_(TaskInstance.dag_id == d, TaskInstance.run_id == r) for d, r in runs)))
         ).all()
-        return [(f"{d}/{r}", str(t), -1 if m is None else int(m),
-                 str(state.value if hasattr(state, "value") else state) if state else "")
-                for d, r, t, m, state in rows]
+        out = [(f"{d}/{r}", str(t), -1 if m is None else int(m),
+                str(state.value if hasattr(state, "value") else state) if state else "")
+               for d, r, t, m, state, _ in rows]
+        max_tries = {(f"{d}/{r}", node_id(str(t), -1 if m is None else int(m))): int(n)
+                     for d, r, t, m, _, n in rows if n is not None}
+        return out, max_tries
 
     def _run_ages(self, runs: set[tuple[str, str]], session: Session) -> dict[str, float]:
         """Seconds since each run started (0 for a run not started)."""
@@ -432,6 +443,24 @@ class GraphBuilder:
             self._cached_nodes -= len(self._graphs.pop(key)[1].tasks)
             if self._cached_nodes <= MAX_CACHED_NODES:
                 break
+
+
+def attempt(try_number: int, max_tries: int | None, retries: int | None) -> int:
+    """The try of a task instance since it was last cleared (1 for its first try then): what the
+    policy's ``retry`` input means, a try after a failure. Airflow raises ``try_number`` at every
+    scheduling, a clear's new try included, and a clear sets ``max_tries`` to the try number then
+    plus the task's ``retries``, so ``max_tries - retries`` is the tries before the last clear
+    (found by review: a cleared and re-run task reached the policy as a retry). Unknown
+    ``max_tries`` (-1: never set) or ``retries``: ``try_number``."""
+    if max_tries is None or retries is None or max_tries < 0:
+        return try_number
+    return min(max(try_number - max(max_tries - retries, 0), 1), try_number)
+
+
+def _retries(task: Any) -> int | None:
+    """A serialized task's ``retries``, when it is a number."""
+    value = getattr(task, "retries", None)
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _utc(when: dt.datetime) -> dt.datetime:

@@ -7,8 +7,9 @@ training runs simulate no failed tries, no GPU requests and no pinned tasks (``t
 builds its ``SimConfig`` from the noise and the hold bound alone), so every checkpoint so far has
 five such columns: ``task.gpus``, ``task.pinned``, ``ready.retry``, ``pool.failure_rate`` and
 ``pair.pinned_here``. Their weights are bit-identical to a fresh model's of the training seed.
-A retried task, or one a user cleared and re-ran (Airflow raises ``try_number`` then too),
-reaches the default checkpoint with ``retry`` = 1: one such task among fresh ones had its own
+A retried task reaches the default checkpoint with ``retry`` = 1 (a task a user cleared and
+re-ran did too until the executor sent the try since the last clear,
+``airflow_drl_executor.graph_builder.attempt``): one such task among fresh ones had its own
 decision changed in 10-20% of requests (found by review, measured on simulator requests).
 
 Cutting a column (zeroing its weights) makes the model read it as it did in training, whatever it

@@ -149,7 +149,7 @@ def test_one_run_with_two_dag_versions_in_a_batch(monkeypatch: pytest.MonkeyPatc
     structures = {v1: _structure("a", "b", "old"), v2: _structure("a", "b", "new")}
     monkeypatch.setattr(ex.graph_builder, "structure", lambda vid, session: structures[vid])
     monkeypatch.setattr(ex.graph_builder, "_durations", lambda dag_id, session: {})
-    monkeypatch.setattr(ex.graph_builder, "_ti_rows", lambda runs, session: [])
+    monkeypatch.setattr(ex.graph_builder, "_ti_rows", lambda runs, session: ([], {}))
     monkeypatch.setattr(ex.graph_builder, "_run_ages", lambda runs, session: {})
     monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
     ex._client = FakeClient(_reply({"b": "cpu-large", "new": "gpu"}))  # type: ignore[assignment]
@@ -182,7 +182,7 @@ def test_a_bad_hint_or_a_missing_dag_costs_only_that_task_or_run(monkeypatch: py
         return typo
     monkeypatch.setattr(ex.graph_builder, "structure", structure)
     monkeypatch.setattr(ex.graph_builder, "_durations", lambda dag_id, session: {})
-    monkeypatch.setattr(ex.graph_builder, "_ti_rows", lambda runs, session: [])
+    monkeypatch.setattr(ex.graph_builder, "_ti_rows", lambda runs, session: ([], {}))
     monkeypatch.setattr(ex.graph_builder, "_run_ages", lambda runs, session: {})
     monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
     ex._client = FakeClient(_reply({"a": "cpu-large", "b": "cpu-small"}))  # type: ignore[assignment]

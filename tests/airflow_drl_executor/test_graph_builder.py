@@ -39,9 +39,11 @@ def test_bad_hints_name_the_task_and_field(hints: dict, message: str) -> None:
         _node(hints)
 
 
-def _no_db(monkeypatch: pytest.MonkeyPatch, gb: object, rows: list[tuple] = (), ages: dict | None = None) -> None:  # type: ignore[assignment]
-    """The run's task-instance rows ``(run key, task id, map index, state)`` and ages, without a DB."""
-    monkeypatch.setattr(gb, "_ti_rows", lambda runs, session: list(rows))
+def _no_db(monkeypatch: pytest.MonkeyPatch, gb: object, rows: list[tuple] = (), ages: dict | None = None,  # type: ignore[assignment]
+           max_tries: dict | None = None) -> None:
+    """The run's task-instance rows ``(run key, task id, map index, state)``, ``max_tries`` and
+    ages, without a DB."""
+    monkeypatch.setattr(gb, "_ti_rows", lambda runs, session: (list(rows), dict(max_tries or {})))
     monkeypatch.setattr(gb, "_run_ages", lambda runs, session: ages if ages is not None else {})
 
 
@@ -310,3 +312,34 @@ def test_a_mapped_task_group_is_joined_instance_by_instance() -> None:
     assert sum(1 for a, b in pairs if b == "group.step[3]") == 1
     assert sum(1 for a, b in pairs if b == "aggregate") == 20, "leaving the group: every instance"
     assert len(out) == 60, "split -> 20 simulate, 20 pairs, 20 step -> aggregate (was 440)"
+
+
+@pytest.mark.parametrize(("try_number", "max_tries", "retries", "sent"), [
+    (1, 2, 2, 1),  # a first try
+    (3, 2, 2, 3),  # its second retry
+    (2, 1, 0, 1),  # cleared after its only try (a clear sets max_tries = try number + retries)
+    (5, 7, 3, 1), (6, 7, 3, 2),  # cleared after four tries, then its first retry
+    (2, -1, 0, 2), (2, 1, None, 2),  # max_tries never set, retries unknown: the try number
+    (2, 1, 4, 2),  # retries raised in a later DAG version: never below 1, never above the try
+])
+def test_a_cleared_task_reaches_the_policy_as_a_first_try(try_number: int, max_tries: int, retries: int | None,
+                                                          sent: int) -> None:
+    from airflow_drl_executor.graph_builder import attempt
+
+    assert attempt(try_number, max_tries, retries) == sent
+
+
+def test_the_ready_task_carries_its_try_since_the_last_clear(monkeypatch: pytest.MonkeyPatch) -> None:
+    """was: ``try_number`` as Airflow counts it, clears included: a task a user cleared and
+    re-ran reached the policy with ``retry`` = 1, as a task that had failed"""
+    from airflow_drl_executor.graph_builder import GraphBuilder, ReadyInstance, _Structure
+
+    gb = GraphBuilder(pool_names=POOLS, default_queue="default", default_duration_s=60, history_ttl_s=300)
+    ids = ("cleared", "retried")
+    structure = _Structure(task_ids=ids, edges=(), hints=({}, {}), queues=("default",) * 2, retries=(0, 2))
+    monkeypatch.setattr(gb, "structure", lambda vid, session: structure)
+    monkeypatch.setattr(gb, "_durations", lambda dag_id, session: {})
+    _no_db(monkeypatch, gb, max_tries={("etl/r1", "cleared"): 1, ("etl/r1", "retried"): 2})
+    batch = gb.build([ReadyInstance("etl", "r1", "cleared", 2, "v"), ReadyInstance("etl", "r1", "retried", 2, "v")],
+                     None)  # type: ignore[arg-type]
+    assert {t.task_id: t.try_number for t in batch.ready} == {"cleared": 1, "retried": 2}
