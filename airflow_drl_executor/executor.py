@@ -91,6 +91,8 @@ class DRLExecutor(CeleryExecutor):
         #: task instances running on each pool per the metadata DB (every scheduler's), and the
         #: start (epoch s) of those of this executor's tasks in flight that run, as last read
         self._running_in_db: dict[str, int] | None = None
+        #: pool -> expected finishes of the tasks running there that another scheduler sent
+        self._others: dict[str, list[float]] = {}
         self._started: dict[str, float] | None = None
         self._traces_ready = False
         #: trace rows the metadata DB refused, written with the next ones (module _UNWRITTEN_MAX)
@@ -274,7 +276,7 @@ class DRLExecutor(CeleryExecutor):
                 up = workers > 0 or spec.floor == 0
             states.append(spec.state(workers=workers, up=up))
         loads = self.ledger.loads({st.name: st.slots for st in states}, time.time(), alive=self.running,
-                                  started=self._started, running_there=self._running_in_db)
+                                  started=self._started, running_there=self._running_in_db, others=self._others)
         out = []
         for spec, st in zip(self.catalogue.pools, states, strict=True):
             load = loads[st.name]
@@ -295,6 +297,25 @@ class DRLExecutor(CeleryExecutor):
         if unknown:
             known.update(self.graph_builder.started(session, unknown))
         return known
+
+    def _others_running(self, session: Any) -> dict[str, list[float]]:
+        """Each pool's running tasks that another scheduler sent (Airflow HA), as their expected
+        finishes: start + their task's expected run time there. Read only when the DB shows more
+        running than this executor's own started tasks (never with one scheduler: what a restart
+        adopts is in the ledger), first in total (no pass over the ledger), then per pool."""
+        in_db = self._running_in_db or {}
+        if sum(in_db.values()) <= len(self._started or {}):
+            return {}
+        mine = self.ledger.started_by_pool(self._started or {}, self.running)
+        if not any(n > mine.get(pool, 0) for pool, n in in_db.items()):
+            return {}
+        ours = set(self.ledger.in_flight(self.running))
+        out: dict[str, list[float]] = {}
+        for ti_id, dag_id, task_id, pool, start in self.graph_builder.running_rows(session):
+            if ti_id not in ours:
+                out.setdefault(pool, []).append(
+                    start + self.graph_builder.expected_run_s(dag_id, task_id, pool, session))
+        return out
 
     def _run_s(self, pool: PoolState, task: TaskNode | None) -> float:
         """Expected run time of ``task`` on ``pool`` (seconds)."""
@@ -362,6 +383,7 @@ class DRLExecutor(CeleryExecutor):
             with create_session() as session:
                 self._running_in_db = self.graph_builder.running_by_pool(session)
                 self._started = self._starts(session)
+                self._others = self._others_running(session)
                 batch = self.graph_builder.build(ready, session, not_sent=self._not_sent())
             pools = self.pool_states()
             graphs, ignored, failed = batch.graphs, batch.ignored, batch.failed

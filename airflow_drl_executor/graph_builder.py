@@ -188,6 +188,7 @@ class GraphBuilder:
         failed: dict[str, str] = {}
         problems: dict[str, Mapping[str, str]] = {}
         tasks: dict[tuple[str, str], ReadyTask] = {}
+        retries: dict[str, dict[str, int | None]] = {}  # run key -> task id -> its retries
         # One graph per run, of the newest DAG version among its instances (version ids are
         # UUIDv7: newest sorts last). Instances of one run can carry different versions: a clear
         # "on the latest version" re-versions only what it clears, and a workload held back keeps
@@ -197,7 +198,8 @@ class GraphBuilder:
             if inst.run_key not in newest or inst.dag_version_id > newest[inst.run_key].dag_version_id:
                 newest[inst.run_key] = inst
         runs = {(i.dag_id, i.run_id) for i in ready}
-        rows, max_tries = self._ti_rows(runs, session)
+        # a first try is sent as one; the others' max_tries tell a retry from a cleared task's try
+        rows, max_tries = self._ti_rows(runs, session, {(i.run_key, i.node) for i in ready if i.try_number > 1})
         expanded = expansions(rows)
         for run_key, inst in newest.items():
             try:
@@ -211,10 +213,11 @@ class GraphBuilder:
             if inst.task_id in problems[inst.run_key]:
                 ignored[key] = problems[inst.run_key][inst.task_id]
             if key not in tasks:
-                structure = self.structure(newest[inst.run_key].dag_version_id, session)  # cached by _graph
-                retries = dict(zip(structure.task_ids, structure.retries, strict=False)).get(inst.task_id)
-                tasks[key] = ReadyTask(run_key=inst.run_key, task_id=inst.node,
-                                       try_number=attempt(inst.try_number, max_tries.get(key), retries))
+                if inst.run_key not in retries:
+                    structure = self.structure(newest[inst.run_key].dag_version_id, session)  # cached by _graph
+                    retries[inst.run_key] = dict(zip(structure.task_ids, structure.retries, strict=False))
+                tasks[key] = ReadyTask(run_key=inst.run_key, task_id=inst.node, try_number=attempt(
+                    inst.try_number, max_tries.get(key), retries[inst.run_key].get(inst.task_id)))
         progress = _progress(rows, self._run_ages(runs, session))
         # The ready tasks, and the others queued to the executor and not sent to Celery (``not_sent``:
         # held, or not offered for want of a slot), are "queued" in the database but not
@@ -365,6 +368,29 @@ class GraphBuilder:
         ).all()
         return {str(queue): int(n) for queue, n in rows}
 
+    def running_rows(self, session: Session) -> list[tuple[str, str, str, str, float]]:
+        """``(ti id, dag id, task id, pool, start on a worker)`` of the task instances running on
+        each pool, whichever scheduler sent them."""
+        from airflow.models.taskinstance import TaskInstance as TI
+        from sqlalchemy import select
+
+        rows = session.execute(
+            select(TI.id, TI.dag_id, TI.task_id, TI.queue, TI.start_date, TI.queued_dttm)
+            .where(TI.state == "running", TI.queue.in_(self.pool_names))
+        ).all()
+        return [(uuid_text(ti_id), str(dag_id), str(task_id), str(queue), _worker_start(start, queued))
+                for ti_id, dag_id, task_id, queue, start, queued in rows if start is not None]
+
+    def expected_run_s(self, dag_id: str, task_id: str, pool: str, session: Session) -> float:
+        """Expected seconds of a try of ``task_id`` on ``pool`` from the DAG's history: its mean
+        there, else its mean wherever it ran, else the default duration (no serialized DAG read:
+        the hints and kind of a task another scheduler sent are not at hand)."""
+        observed = self._durations(dag_id, session).get(task_id, [])
+        there = [(q, mean, n) for q, mean, n in observed if q == pool] or observed
+        if not there:
+            return self.default_duration_s
+        return sum(mean * n for _, mean, n in there) / max(sum(n for _, _, n in there), 1)
+
     def started(self, session: Session, ti_ids: Sequence[str]) -> dict[str, float]:
         """Of these task instances (ids), the ones running, with their start on a worker (epoch
         seconds): the start date, or for a try resumed from deferral (Airflow keeps its first
@@ -399,10 +425,10 @@ class GraphBuilder:
             out.update((uuid_text(ti_id), str(pool)) for ti_id, pool in rows if pool)
         return out
 
-    def _ti_rows(self, runs: set[tuple[str, str]], session: Session
+    def _ti_rows(self, runs: set[tuple[str, str]], session: Session, tries_of: Collection[tuple[str, str]] = ()
                  ) -> tuple[list[tuple[str, str, int, str]], dict[tuple[str, str], int]]:
-        """``(run key, task id, map index, state)`` of every task instance of these runs, and each
-        one's ``max_tries`` by (run key, node)."""
+        """``(run key, task id, map index, state)`` of every task instance of these runs, and the
+        ``max_tries`` of those in ``tries_of`` (run key, node)."""
         from airflow.models.taskinstance import TaskInstance
         from sqlalchemy import and_, or_, select
 
@@ -413,11 +439,14 @@ class GraphBuilder:
                    TaskInstance.state, TaskInstance.max_tries)
             .where(or_(*(and_(TaskInstance.dag_id == d, TaskInstance.run_id == r) for d, r in runs)))
         ).all()
-        out = [(f"{d}/{r}", str(t), -1 if m is None else int(m),
-                str(state.value if hasattr(state, "value") else state) if state else "")
-               for d, r, t, m, state, _ in rows]
-        max_tries = {(f"{d}/{r}", node_id(str(t), -1 if m is None else int(m))): int(n)
-                     for d, r, t, m, _, n in rows if n is not None}
+        out: list[tuple[str, str, int, str]] = []
+        max_tries: dict[tuple[str, str], int] = {}
+        for d, r, t, m, state, tries in rows:
+            row = (f"{d}/{r}", str(t), -1 if m is None else int(m),
+                   str(state.value if hasattr(state, "value") else state) if state else "")
+            out.append(row)
+            if tries_of and tries is not None and (key := (row[0], node_id(row[1], row[2]))) in tries_of:
+                max_tries[key] = int(tries)
         return out, max_tries
 
     def _run_ages(self, runs: set[tuple[str, str]], session: Session) -> dict[str, float]:

@@ -12,15 +12,16 @@ rebuilt at every request, so a pool whose tasks overrun shows its backlog's wait
 estimates of the moment each task was sent (found by review: a pool's queued tasks counted as
 busy, ``queued`` was always 0, and expected finishes were never refreshed).
 
-Per scheduler: with several schedulers (Airflow HA), each knows the run times of the tasks it
-sent, and only the count of the others' running tasks (they hold slots whose finish it takes as
-now).
+Several schedulers (Airflow HA): each knows the run times of the tasks it sent; a running task
+another scheduler sent is charged its start plus its task's expected run time from the DAG's
+history (``others``; was: its slot taken to free now, so a pool whose two slots both ran the
+other scheduler's tasks, ending in 100 s and 300 s, showed its queue starting now).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +79,14 @@ class Ledger:
         if len(self._sent) > len(alive) or any(k not in alive for k in self._sent):
             self._sent = {k: e for k, e in self._sent.items() if k in alive}
 
+    def started_by_pool(self, started: Mapping[str, float], alive: Collection[Any]) -> dict[str, int]:
+        """How many of the tasks in flight that ``started`` shows running are on each pool."""
+        out: dict[str, int] = {}
+        for k, e in self._sent.items():
+            if k in alive and e.ti_id in started:
+                out[e.pool] = out.get(e.pool, 0) + 1
+        return out
+
     def in_flight(self, alive: Collection[Any]) -> list[str]:
         """The ti ids of the tasks in flight (the ones to ask the metadata DB about)."""
         return [e.ti_id for k, e in self._sent.items() if k in alive]
@@ -92,18 +101,23 @@ class Ledger:
         return out
 
     def load(self, name: str, slots: int, now: float, *, alive: Collection[Any],
-             started: Mapping[str, float] | None = None, running_there: int | None = None) -> PoolLoad:
+             started: Mapping[str, float] | None = None, running_there: int | None = None,
+             others: Sequence[float] = ()) -> PoolLoad:
         """Pool ``name``'s load at ``now`` (see :meth:`loads`)."""
         there = None if running_there is None else {name: running_there}
-        return self.loads({name: slots}, now, alive=alive, started=started, running_there=there)[name]
+        return self.loads({name: slots}, now, alive=alive, started=started, running_there=there,
+                          others={name: others})[name]
 
     def loads(self, slots: Mapping[str, int], now: float, *, alive: Collection[Any],
               started: Mapping[str, float] | None = None,
-              running_there: Mapping[str, int] | None = None) -> dict[str, PoolLoad]:
+              running_there: Mapping[str, int] | None = None,
+              others: Mapping[str, Sequence[float]] | None = None) -> dict[str, PoolLoad]:
         """Each pool's load at ``now`` (``slots``: pool -> its slots). ``started``: ti id -> start
         (epoch seconds) of the tasks the metadata DB shows running; ``running_there``: how many
-        task instances run on each pool, whichever scheduler sent them. Without them (no DB read
-        yet) the first tasks sent are taken to be the running ones, as a FIFO queue runs them."""
+        task instances run on each pool, whichever scheduler sent them; ``others``: the expected
+        finishes of those running there that this executor did not send. Without ``started`` (no
+        DB read yet) the first tasks sent are taken to be the running ones, as a FIFO queue runs
+        them."""
         out = {}
         for name, mine in self._by_pool(slots, alive).items():
             n_slots = slots[name]
@@ -114,6 +128,7 @@ class Ledger:
                 executing = n
             else:
                 running = [started[e.ti_id] + e.run_s for e in mine if e.ti_id in started]
+                running += (others or {}).get(name, ())
                 waiting = [e for e in mine if e.ti_id not in started]
                 executing = max((running_there or {}).get(name, 0), len(running))
             busy = min(executing, max(n_slots, 0))

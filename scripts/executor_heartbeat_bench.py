@@ -101,16 +101,18 @@ class FakeSession:
         cols = tuple(c.name for c in stmt.selected_columns)
         if cols == ("queue", "count"):
             rows, what = db.running_by_pool, "running_by_pool"
-        elif cols == ("id", "start_date"):
+        elif cols == ("id", "start_date", "queued_dttm"):
             ids = next(b.right.value for b in _leaves(stmt.whereclause) if b.left.key == "id")
-            rows = [(i, db.running_ids[i]) for i in ids if i in db.running_ids]
+            rows = [(i, db.running_ids[i], None) for i in ids if i in db.running_ids]
             what = "started"
-        elif cols == ("dag_id", "run_id", "task_id", "map_index", "state"):
+        elif cols == ("dag_id", "run_id", "task_id", "map_index", "state", "max_tries"):
             vals = [b.right.value for b in _leaves(stmt.whereclause)]
             rows = []
             for d, r in zip(vals[::2], vals[1::2], strict=True):
-                rows.extend(db.ti_rows[(d, r)])
+                rows.extend((*row, 0) for row in db.ti_rows[(d, r)])
             what = "ti_rows"
+        elif cols == ("task_id", "queue", "queued_dttm", "end_date"):
+            rows, what = [], "resumed"  # no deferrable tasks here
         elif cols == ("dag_id", "run_id", "start_date"):
             vals = [b.right.value for b in _leaves(stmt.whereclause)]
             rows = [(d, r, db.run_start[(d, r)]) for d, r in zip(vals[::2], vals[1::2], strict=True)]
@@ -218,7 +220,8 @@ def fake_dag(graph, mapped: set[str] = frozenset()):
         if t.kind != "default":
             hints["kind"] = t.kind
         tasks.append(types.SimpleNamespace(task_id=t.task_id, downstream_task_ids=down[i],
-                                           executor_config={"drl": hints}, queue="default", priority_weight=1))
+                                           executor_config={"drl": hints}, queue="default", priority_weight=1,
+                                           retries=0, get_closest_mapped_task_group=lambda: None))
     return types.SimpleNamespace(tasks=tasks)
 
 

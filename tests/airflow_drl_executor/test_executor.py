@@ -19,6 +19,7 @@ from policy.schema import Decision, PlacementReply, PlacementRequest, ReadyTask,
 RUN = "etl/run1"
 RUNNING_BY_POOL = GraphBuilder.running_by_pool  # the queries, before the fixture below fakes them
 STARTED = GraphBuilder.started
+RUNNING_ROWS = GraphBuilder.running_rows
 AIRFLOW_POOLS = GraphBuilder.airflow_pools
 GRAPH = RunGraph(RUN, (TaskNode("a", duration_s=10), TaskNode("b", duration_s=10, gpus=1, kind="gpu_train")), ())
 
@@ -47,6 +48,7 @@ def _workload(task_id: str) -> types.SimpleNamespace:
 def _no_other_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
     """The metadata DB's running tasks are read by a query of its own (tested below)."""
     monkeypatch.setattr(GraphBuilder, "running_by_pool", lambda self, session: {})
+    monkeypatch.setattr(GraphBuilder, "running_rows", lambda self, session: [])
     monkeypatch.setattr(GraphBuilder, "started", lambda self, session, ti_ids: {})
     monkeypatch.setattr(GraphBuilder, "airflow_pools", lambda self, session, ti_ids: {})
 
@@ -149,7 +151,7 @@ def test_one_run_with_two_dag_versions_in_a_batch(monkeypatch: pytest.MonkeyPatc
     structures = {v1: _structure("a", "b", "old"), v2: _structure("a", "b", "new")}
     monkeypatch.setattr(ex.graph_builder, "structure", lambda vid, session: structures[vid])
     monkeypatch.setattr(ex.graph_builder, "_durations", lambda dag_id, session: {})
-    monkeypatch.setattr(ex.graph_builder, "_ti_rows", lambda runs, session: ([], {}))
+    monkeypatch.setattr(ex.graph_builder, "_ti_rows", lambda runs, session, tries_of=(): ([], {}))
     monkeypatch.setattr(ex.graph_builder, "_run_ages", lambda runs, session: {})
     monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
     ex._client = FakeClient(_reply({"b": "cpu-large", "new": "gpu"}))  # type: ignore[assignment]
@@ -182,7 +184,7 @@ def test_a_bad_hint_or_a_missing_dag_costs_only_that_task_or_run(monkeypatch: py
         return typo
     monkeypatch.setattr(ex.graph_builder, "structure", structure)
     monkeypatch.setattr(ex.graph_builder, "_durations", lambda dag_id, session: {})
-    monkeypatch.setattr(ex.graph_builder, "_ti_rows", lambda runs, session: ([], {}))
+    monkeypatch.setattr(ex.graph_builder, "_ti_rows", lambda runs, session, tries_of=(): ([], {}))
     monkeypatch.setattr(ex.graph_builder, "_run_ages", lambda runs, session: {})
     monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
     ex._client = FakeClient(_reply({"a": "cpu-large", "b": "cpu-small"}))  # type: ignore[assignment]
@@ -454,6 +456,42 @@ def test_with_ha_schedulers_the_pools_count_every_schedulers_running_tasks(
     executor._place([_workload("a"), _workload("b")])
     gpu = next(p for p in executor._client.requests[-1].pools if p.name == "gpu")
     assert gpu.busy == 2, "the request saw the other scheduler's two GPU tasks"
+
+
+def test_another_schedulers_running_tasks_are_charged_their_expected_finish(
+        executor: DRLExecutor, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Airflow HA: the GPU pool's 2 slots run tasks another scheduler sent. was: counted busy with
+    no expected finish, so the request showed the pool's slots freeing now"""
+    import datetime as dt
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.orm import Session
+
+    t0 = time.time() - 20.0
+    engine = create_engine("sqlite://")
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE task_instance (id CHAR(32), dag_id TEXT, task_id TEXT, queue TEXT, "
+                          "state TEXT, start_date TIMESTAMP, queued_dttm TIMESTAMP)"))
+        for i, (task, queue, state) in enumerate([("train", "gpu", "running"), ("train", "gpu", "running"),
+                                                  ("x", "gpu", "queued"), ("y", "default", "running")]):
+            start = dt.datetime.fromtimestamp(t0 + i, tz=dt.UTC).replace(tzinfo=None)
+            conn.execute(text("INSERT INTO task_instance VALUES (:id, 'ml', :t, :q, :s, :start, :start)"),
+                         {"id": uuid.uuid4().hex, "t": task, "q": queue, "s": state,
+                          "start": start.strftime("%Y-%m-%d %H:%M:%S.%f")})
+    with Session(engine) as session:
+        rows = RUNNING_ROWS(executor.graph_builder, session)
+    assert [(r[1], r[2], r[3]) for r in rows] == [("ml", "train", "gpu")] * 2, "running, on our pools"
+    assert sorted(r[4] for r in rows) == pytest.approx([t0, t0 + 1], abs=0.01)
+    monkeypatch.setattr(executor.graph_builder, "running_by_pool", lambda session: {"gpu": 2})
+    monkeypatch.setattr(executor.graph_builder, "running_rows", lambda session: rows)
+    monkeypatch.setattr(executor.graph_builder, "_durations",
+                        lambda dag_id, session: {"train": [("gpu", 300.0, 4), ("cpu-small", 9000.0, 1)]})
+    executor._client = FakeClient(_reply({"a": "cpu-small", "b": "gpu"}))  # type: ignore[assignment]
+    executor._place([_workload("a"), _workload("b")])
+    gpu = next(p for p in executor._client.requests[-1].pools if p.name == "gpu")
+    assert gpu.busy == 2
+    # their start + 300 s (their mean on the GPU pool); was: none (the slots free now)
+    assert sorted(gpu.free_at) == pytest.approx([t0 + 300.0, t0 + 301.0], abs=0.01)
 
 
 def test_each_instance_of_a_mapped_task_is_placed_on_its_own(monkeypatch: pytest.MonkeyPatch) -> None:

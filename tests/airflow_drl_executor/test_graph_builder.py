@@ -43,7 +43,7 @@ def _no_db(monkeypatch: pytest.MonkeyPatch, gb: object, rows: list[tuple] = (), 
            max_tries: dict | None = None) -> None:
     """The run's task-instance rows ``(run key, task id, map index, state)``, ``max_tries`` and
     ages, without a DB."""
-    monkeypatch.setattr(gb, "_ti_rows", lambda runs, session: (list(rows), dict(max_tries or {})))
+    monkeypatch.setattr(gb, "_ti_rows", lambda runs, session, tries_of=(): (list(rows), dict(max_tries or {})))
     monkeypatch.setattr(gb, "_run_ages", lambda runs, session: ages if ages is not None else {})
 
 

@@ -46,6 +46,18 @@ def test_busy_never_exceeds_the_slots_and_others_tasks_hold_slots() -> None:
     assert (load.busy, load.queued, load.free_at) == (2, 1, (11.0, 11.0, 11.0))
 
 
+def test_another_schedulers_running_tasks_hold_their_slots_until_their_expected_finish() -> None:
+    """Airflow HA: both slots run the other scheduler's tasks, due at 100 s and 300 s; ours (50 s)
+    waits for the first. was: their finish taken as now, so ours looked startable at once (free_at
+    (50,) where the simulator shows (100, 150, 300))"""
+    ledger = Ledger()
+    (ours,) = _sent(ledger, "p", 1, run_s=50.0, at=0.0)
+    load = ledger.load("p", 2, 0.0, alive={ours}, started={}, running_there=2, others=[300.0, 100.0])
+    assert load == PoolLoad(busy=2, queued=1, free_at=(100.0, 150.0, 300.0))
+    assert ledger.load("p", 2, 0.0, alive={ours}, started={}, running_there=2).free_at == (50.0,), \
+        "unknown finishes: as before"
+
+
 def test_without_a_db_read_the_first_sent_are_the_running_ones() -> None:
     ledger = Ledger()
     keys = _sent(ledger, "p", 3, run_s=10.0, at=0.0)
