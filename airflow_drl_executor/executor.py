@@ -298,6 +298,27 @@ class DRLExecutor(CeleryExecutor):
             known.update(self.graph_builder.started(session, unknown))
         return known
 
+    def _placed_before(self, session: Any, ready: Sequence[ReadyInstance]) -> dict[str, traces.LastPlacement] | None:
+        """The latest placement of each ready instance queued on a pool (a pool its DAG may not
+        pin it to: a mutation hook's pin, or this executor's earlier choice; see
+        :func:`graph_builder.queue_pin`); None without placement traces (no queue is then read
+        as a pin: an earlier choice could not be told from a hook's)."""
+        if not self.drl_config.record_traces:
+            return None
+        names = set(self.catalogue.names) - {self.default_queue}
+        ids = [inst.ti_id for inst in ready if inst.queue in names]
+        if not ids:
+            return {}
+        try:
+            with session.begin_nested():  # a failed read must not abort the heartbeat's transaction
+                conn = session.connection()
+                if not inspect(conn).has_table(traces.placements.name):
+                    return {}  # nothing placed yet (the table comes with the first trace)
+                return traces.last_placements(conn, ids)
+        except SQLAlchemyError as exc:
+            self.log.warning("DRLExecutor: cannot read earlier placements (queues not read as pins): %s", exc)
+            return None
+
     def _others_running(self, session: Any) -> dict[str, list[float]]:
         """Each pool's running tasks that another scheduler sent (Airflow HA), as their expected
         finishes: start + their task's expected run time there. Read only when the DB shows more
@@ -368,6 +389,7 @@ class DRLExecutor(CeleryExecutor):
             ReadyInstance(
                 dag_id=w.ti.dag_id, run_id=w.ti.run_id, task_id=w.ti.task_id, map_index=_map_index(w.ti),
                 try_number=w.ti.try_number, dag_version_id=str(w.ti.dag_version_id),
+                queue=str(w.ti.queue), ti_id=str(w.ti.id),
             )
             for w in tasks
         ]
@@ -377,6 +399,7 @@ class DRLExecutor(CeleryExecutor):
         decisions: dict[tuple[str, str], Decision] = {}
         asked: set[tuple[str, str]] = set()
         ignored: dict[tuple[str, str], str] = {}
+        pinned: dict[tuple[str, str], str] = {}
         failed: dict[str, str] = {}
         unplaced = ""  # why the executor places the tasks the request does not hold itself
         try:
@@ -384,9 +407,12 @@ class DRLExecutor(CeleryExecutor):
                 self._running_in_db = self.graph_builder.running_by_pool(session)
                 self._started = self._starts(session)
                 self._others = self._others_running(session)
-                batch = self.graph_builder.build(ready, session, not_sent=self._not_sent())
+                placed_before = self._placed_before(session, ready)
+                batch = self.graph_builder.build(ready, session, not_sent=self._not_sent(),
+                                                 placed_before=placed_before)
             pools = self.pool_states()
             graphs, ignored, failed = batch.graphs, batch.ignored, batch.failed
+            pinned = batch.queue_pins
             ready_tasks = self._with_held(batch.ready, ready, tasks)
             asked = {t.key for t in ready_tasks}
             unplaced = "fallback: the task is not in its run's graph (of the newest DAG version in the batch)"
@@ -416,6 +442,10 @@ class DRLExecutor(CeleryExecutor):
         for key, why in ignored.items():
             if key in decisions:
                 decisions[key] = _noting(decisions[key], why)
+        for key, pool in pinned.items():
+            if key in decisions:
+                decisions[key] = replace(decisions[key], reason=f"{decisions[key].reason}; pinned to {pool} by its "
+                                         "task instance's queue (set outside the DAG: a task_instance_mutation_hook)")
         decision_ms = (time.perf_counter() - started) * 1000.0
 
         records = []

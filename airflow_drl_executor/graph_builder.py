@@ -28,6 +28,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from airflow_drl_executor.traces import LastPlacement
 from policy.catalogue import VMClass
 from policy.errors import PolicyError, SchemaError
 from policy.graph import view
@@ -70,6 +71,9 @@ class ReadyInstance:
     try_number: int
     dag_version_id: str
     map_index: int = -1
+    #: the task instance's queue as the scheduler queued it (a pool, when a mutation hook pinned it)
+    queue: str = ""
+    ti_id: str = ""
 
     @property
     def run_key(self) -> str:
@@ -160,6 +164,8 @@ class Batch:
     ignored: dict[tuple[str, str], str] = field(default_factory=dict)
     #: run key -> why its graph could not be built (its tasks are not in ``ready``)
     failed: dict[str, str] = field(default_factory=dict)
+    #: (run key, task id) of a ready task pinned by its task instance's queue -> that pool
+    queue_pins: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
 class GraphBuilder:
@@ -180,15 +186,22 @@ class GraphBuilder:
         self._cached_nodes = 0
 
     def build(self, ready: Sequence[ReadyInstance], session: Session,
-              not_sent: Iterable[tuple[str, str]] = ()) -> Batch:
+              not_sent: Iterable[tuple[str, str]] = (),
+              placed_before: Mapping[str, LastPlacement] | None = None) -> Batch:
         """The graphs, progress and ready tasks of a batch. A run whose graph cannot be built (no
-        serialized DAG for its version) is left out with the reason, not the whole batch."""
+        serialized DAG for its version) is left out with the reason, not the whole batch.
+
+        ``placed_before``: ti id -> its latest placement, for the ready instances queued on a pool
+        (None: no placement traces, no pins read from the queue). A task instance whose queue
+        names a pool its DAG did not pin it to is pinned there (:func:`queue_pin`): a
+        ``task_instance_mutation_hook`` set it (was: a pin was read from the DAG only)."""
         graphs: dict[str, RunGraph] = {}
         ignored: dict[tuple[str, str], str] = {}
         failed: dict[str, str] = {}
         problems: dict[str, Mapping[str, str]] = {}
         tasks: dict[tuple[str, str], ReadyTask] = {}
         retries: dict[str, dict[str, int | None]] = {}  # run key -> task id -> its retries
+        pins: dict[tuple[str, str], str] = {}
         # One graph per run, of the newest DAG version among its instances (version ids are
         # UUIDv7: newest sorts last). Instances of one run can carry different versions: a clear
         # "on the latest version" re-versions only what it clears, and a workload held back keeps
@@ -216,8 +229,12 @@ class GraphBuilder:
                 if inst.run_key not in retries:
                     structure = self.structure(newest[inst.run_key].dag_version_id, session)  # cached by _graph
                     retries[inst.run_key] = dict(zip(structure.task_ids, structure.retries, strict=False))
-                tasks[key] = ReadyTask(run_key=inst.run_key, task_id=inst.node, try_number=attempt(
-                    inst.try_number, max_tries.get(key), retries[inst.run_key].get(inst.task_id)))
+                n = attempt(inst.try_number, max_tries.get(key), retries[inst.run_key].get(inst.task_id))
+                tasks[key] = ReadyTask(run_key=inst.run_key, task_id=inst.node, try_number=n)
+                node = graphs[inst.run_key].tasks[view(graphs[inst.run_key]).index[inst.node]]
+                if placed_before is not None and node.pool is None and queue_pin(
+                        inst, n, placed_before.get(inst.ti_id), self.pool_names, self.default_queue):
+                    pins[key] = inst.queue
         progress = _progress(rows, self._run_ages(runs, session))
         # The ready tasks, and the others queued to the executor and not sent to Celery (``not_sent``:
         # held, or not offered for want of a slot), are "queued" in the database but not
@@ -228,7 +245,11 @@ class GraphBuilder:
         progress = [replace(p, running=tuple(t for t in p.running if t not in waiting.get(p.run_key, ())))
                     for p in progress]
         self._evict(set(graphs))
-        return Batch(graphs, progress, list(tasks.values()), ignored, failed)
+        for run_key in {k for k, _ in pins}:  # a copy: the cached graph stays the DAG's
+            g = graphs[run_key]
+            graphs[run_key] = RunGraph(run_key=run_key, edges=g.edges, tasks=tuple(  # a digest of its own
+                replace(t, pool=pins[(run_key, t.task_id)]) if (run_key, t.task_id) in pins else t for t in g.tasks))
+        return Batch(graphs, progress, list(tasks.values()), ignored, failed, pins)
 
     # --- structure, history, progress --------------------------------------------------------
 
@@ -472,6 +493,22 @@ class GraphBuilder:
             self._cached_nodes -= len(self._graphs.pop(key)[1].tasks)
             if self._cached_nodes <= MAX_CACHED_NODES:
                 break
+
+
+def queue_pin(inst: ReadyInstance, attempt: int, last: LastPlacement | None, pool_names: Collection[str],
+              default_queue: str) -> bool:
+    """Whether ``inst``'s queue pins it to that pool (for a task its DAG does not pin). Airflow
+    sets a task instance's queue from its task, then runs the ``task_instance_mutation_hook``, at
+    creation and at a clear; the executor writes its own choice there when it places a try, and a
+    retry, a resumed deferral or a sensor's next poke keep it. So the queue is the hook's when the
+    instance was never placed (``last`` None: its latest placement) or was cleared since (the first
+    try since a clear, of a later try than the one placed), and the executor's choice otherwise,
+    a pin only if that placement was pinned to it."""
+    if inst.queue not in pool_names or inst.queue == default_queue:
+        return False
+    if last is None or (attempt == 1 and last.try_number < inst.try_number):
+        return True
+    return last.pinned and last.pool == inst.queue
 
 
 def attempt(try_number: int, max_tries: int | None, retries: int | None) -> int:

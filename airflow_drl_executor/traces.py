@@ -29,6 +29,7 @@ from sqlalchemy import (
     Text,
     Uuid,
     bindparam,
+    func,
     insert,
     inspect,
     select,
@@ -149,6 +150,35 @@ def sent_celery_ids(conn: Connection, celery_ids: Collection[str]) -> set[str]:
     for i in range(0, len(ids), 1000):  # bounded IN lists
         rows = conn.execute(select(placements.c.celery_id).where(placements.c.celery_id.in_(ids[i:i + 1000])))
         out.update(str(r.celery_id) for r in rows)
+    return out
+
+
+@dataclass(frozen=True)
+class LastPlacement:
+    """A task instance's latest placement: which try, which pool, and whether its node was pinned
+    there (the node the policy saw, as recorded, named that pool)."""
+
+    try_number: int
+    pool: str
+    pinned: bool
+
+
+def last_placements(conn: Connection, ti_ids: Collection[str]) -> dict[str, LastPlacement]:
+    """The latest placement of each of these task instances (ids) that has one."""
+    out: dict[str, LastPlacement] = {}
+    ids = sorted(set(ti_ids))
+    for i in range(0, len(ids), 1000):  # bounded IN lists
+        latest = (select(func.max(placements.c.id)).where(placements.c.ti_id.in_(ids[i:i + 1000]))
+                  .group_by(placements.c.ti_id))
+        rows = conn.execute(select(placements.c.ti_id, placements.c.try_number, placements.c.pool,
+                                   placements.c.features).where(placements.c.id.in_(latest)))
+        for r in rows:
+            try:
+                node = json.loads(r.features)
+            except (TypeError, ValueError):
+                node = None
+            pinned = isinstance(node, dict) and node.get("pool") == r.pool
+            out[str(r.ti_id)] = LastPlacement(int(r.try_number), str(r.pool), pinned)
     return out
 
 

@@ -56,7 +56,7 @@ def _no_other_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def executor(monkeypatch: pytest.MonkeyPatch) -> DRLExecutor:
     ex = DRLExecutor()
-    def build(ready, session, not_sent=()):
+    def build(ready, session, not_sent=(), placed_before=None):
         return Batch({RUN: GRAPH}, [], [ReadyTask(RUN, r.task_id) for r in ready])
     monkeypatch.setattr(ex.graph_builder, "build", build)
     monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
@@ -217,7 +217,7 @@ def test_a_bad_hint_or_a_missing_dag_costs_only_that_task_or_run(monkeypatch: py
 
 def test_an_unexpected_error_while_placing_falls_back_instead_of_stopping_the_scheduler(
         executor: DRLExecutor, monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(ready, session, not_sent=()):  # type: ignore[no-untyped-def]
+    def broken(ready, session, not_sent=(), placed_before=None):  # type: ignore[no-untyped-def]
         raise KeyError("t9")
     monkeypatch.setattr(executor.graph_builder, "build", broken)
     executor._client = FakeClient(_reply({}))  # type: ignore[assignment]
@@ -239,7 +239,7 @@ def test_tasks_held_for_a_better_pool_do_not_take_the_open_slots(monkeypatch: py
 
     monkeypatch.setattr(wl, "ExecuteTask", Task)
     ex = DRLExecutor(parallelism=4)
-    monkeypatch.setattr(ex.graph_builder, "build", lambda ready, session, not_sent=(): Batch(
+    monkeypatch.setattr(ex.graph_builder, "build", lambda ready, session, not_sent=(), placed_before=None: Batch(
         {RUN: RunGraph(RUN, tuple(TaskNode(t) for t in ("g1", "g2", "c", "d")), ())}, [],
         [ReadyTask(RUN, r.task_id) for r in ready]))
     monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
@@ -291,7 +291,7 @@ def test_only_what_celery_accepted_leaves_a_trace_and_a_ledger_entry(monkeypatch
 
     monkeypatch.setattr(wl, "ExecuteTask", Task)
     ex = DRLExecutor()
-    monkeypatch.setattr(ex.graph_builder, "build", lambda ready, session, not_sent=(): Batch(
+    monkeypatch.setattr(ex.graph_builder, "build", lambda ready, session, not_sent=(), placed_before=None: Batch(
         {RUN: GRAPH}, [], [ReadyTask(RUN, r.task_id) for r in ready]))
     monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
     written: list = []
@@ -407,7 +407,7 @@ def test_held_tasks_do_not_let_callbacks_past_parallelism(monkeypatch: pytest.Mo
     monkeypatch.setattr(wl, "ExecuteTask", Task)
     monkeypatch.setattr(wl, "ExecuteCallback", Callback)
     ex = DRLExecutor(parallelism=2)
-    monkeypatch.setattr(ex.graph_builder, "build", lambda ready, session, not_sent=(): Batch(
+    monkeypatch.setattr(ex.graph_builder, "build", lambda ready, session, not_sent=(), placed_before=None: Batch(
         {RUN: GRAPH}, [], [ReadyTask(RUN, r.task_id) for r in ready]))
     monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
     monkeypatch.setattr(ex, "_record", lambda records: None)
@@ -500,7 +500,7 @@ def test_each_instance_of_a_mapped_task_is_placed_on_its_own(monkeypatch: pytest
     mapped = RunGraph(RUN, (TaskNode("m[0]", duration_s=10), TaskNode("m[1]", duration_s=10)), ())
     asked: list[list[str]] = []
 
-    def build(ready, session, not_sent=()):  # type: ignore[no-untyped-def]
+    def build(ready, session, not_sent=(), placed_before=None):  # type: ignore[no-untyped-def]
         asked.append([r.node for r in ready])
         return Batch({RUN: mapped}, [], [ReadyTask(RUN, r.node) for r in ready])
     monkeypatch.setattr(ex.graph_builder, "build", build)

@@ -343,3 +343,47 @@ def test_the_ready_task_carries_its_try_since_the_last_clear(monkeypatch: pytest
     batch = gb.build([ReadyInstance("etl", "r1", "cleared", 2, "v"), ReadyInstance("etl", "r1", "retried", 2, "v")],
                      None)  # type: ignore[arg-type]
     assert {t.task_id: t.try_number for t in batch.ready} == {"cleared": 1, "retried": 2}
+
+
+def _inst(queue: str, try_number: int = 1) -> Any:
+    from airflow_drl_executor.graph_builder import ReadyInstance
+
+    return ReadyInstance("etl", "r1", "t", try_number, "v", queue=queue, ti_id="ti1")
+
+
+@pytest.mark.parametrize(("queue", "try_number", "attempt", "last", "pin"), [
+    ("cpu-large", 1, 1, None, True),  # a mutation hook set it: never placed by the executor
+    ("default", 1, 1, None, False), ("vpn_queue", 1, 1, None, False),  # not a pool
+    ("cpu-large", 1, 1, (1, "cpu-large", False), False),  # a resumed deferral / a sensor's next poke
+    ("cpu-large", 2, 2, (1, "cpu-large", False), False),  # a retry keeps the executor's free choice
+    ("cpu-large", 2, 2, (1, "cpu-large", True), True),  # a retry of a pinned try
+    ("cpu-large", 2, 1, (1, "cpu-small", False), True),  # cleared: Airflow ran the hook again
+    ("cpu-large", 2, 2, (1, "cpu-small", True), False),  # a retry whose queue changed: not the pin
+])
+def test_a_task_instance_queue_set_outside_the_dag_is_a_pin(queue: str, try_number: int, attempt: int,
+                                                             last: tuple | None, pin: bool) -> None:
+    from airflow_drl_executor.graph_builder import queue_pin
+    from airflow_drl_executor.traces import LastPlacement
+
+    placed = LastPlacement(*last) if last is not None else None
+    assert queue_pin(_inst(queue, try_number), attempt, placed, POOLS, "default") is pin
+
+
+def test_a_mutation_hooks_pin_is_in_the_batchs_graph_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """was: a pin was read from the DAG only, so a task a task_instance_mutation_hook queued on
+    a pool could be placed anywhere"""
+    from airflow_drl_executor.graph_builder import GraphBuilder, _Structure
+
+    gb = GraphBuilder(pool_names=POOLS, default_queue="default", default_duration_s=60, history_ttl_s=300)
+    structure = _Structure(task_ids=("t", "u"), edges=((0, 1),), hints=({}, {}), queues=("default",) * 2)
+    monkeypatch.setattr(gb, "structure", lambda vid, session: structure)
+    monkeypatch.setattr(gb, "_durations", lambda dag_id, session: {})
+    _no_db(monkeypatch, gb)
+    batch = gb.build([_inst("cpu-large")], None, placed_before={})  # type: ignore[arg-type]
+    assert [t.pool for t in batch.graphs["etl/r1"].tasks] == ["cpu-large", None]
+    assert batch.queue_pins == {("etl/r1", "t"): "cpu-large"}
+    cached = gb._graphs[("etl/r1", "v")][1]
+    assert [t.pool for t in cached.tasks] == [None, None], "the cached graph stays the DAG's"
+    assert batch.graphs["etl/r1"].digest != cached.digest, "sent again, not referenced"
+    unpinned = gb.build([_inst("cpu-large")], None, placed_before=None)  # type: ignore[arg-type]
+    assert unpinned.queue_pins == {} and unpinned.graphs["etl/r1"].tasks[0].pool is None, "no traces: no pin"

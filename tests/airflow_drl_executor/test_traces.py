@@ -147,3 +147,18 @@ def test_placements_are_filtered_and_paged_back_to_the_first(engine: Engine) -> 
         assert seen == expect(lambda i: True)
     with pytest.raises(ValueError, match="before_id must be a placement id >= 1, got 0"):
         traces.PlacementFilter(before_id=0)
+
+
+def test_last_placements_are_each_task_instances_latest_and_say_if_it_was_pinned(engine: Engine) -> None:
+    traces.ensure_schema(engine)
+    t0 = dt.datetime(2026, 12, 6, tzinfo=dt.UTC)
+    free, pinned, never = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    with engine.begin() as conn:
+        conn.execute(insert(traces.placements), [
+            _record(free, pool="gpu", features={"pool": "gpu"}).row(t0),  # try 1: pinned
+            _record(free, try_number=2, pool="cpu-small").row(t0),  # its retry, placed freely
+            _record(pinned, pool="cpu-large", features={"pool": "cpu-large", "cpus": 4}).row(t0),
+        ])
+        got = traces.last_placements(conn, [str(free), str(pinned), str(never)])
+    assert got == {str(free): traces.LastPlacement(2, "cpu-small", False),
+                   str(pinned): traces.LastPlacement(1, "cpu-large", True)}

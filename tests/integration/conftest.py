@@ -52,6 +52,9 @@ def stack() -> Iterator[Stack]:
         Stack(state, Ports.from_env(), REPO).down()
         shutil.rmtree(state)
     st = Stack(state, ports, REPO / "policy" / "catalogues" / "demo.yaml")
+    config = st.home / "config"  # the stack's cluster policy (tests/integration/test_hook_pin.py)
+    config.mkdir(parents=True, exist_ok=True)
+    shutil.copy(Path(__file__).with_name("airflow_local_settings.py"), config / "airflow_local_settings.py")
     try:
         st.up()
     except StackError as exc:
