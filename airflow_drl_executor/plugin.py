@@ -59,8 +59,8 @@ def _cell(value: Any) -> str:
     return html.escape(str(value))
 
 
-COLUMNS = ("dag_id", "run_id", "task_id", "try_number", "pool", "vm_class", "fallback", "policy_version",
-           "decision_ms", "state", "hostname", "start_date", "end_date", "reason")
+COLUMNS = ("dag_id", "run_id", "task_id", "map_index", "try_number", "pool", "vm_class", "fallback",
+           "policy_version", "decided_at", "decision_ms", "state", "hostname", "start_date", "end_date", "reason")
 FILTERS = ("dag_id", "run_id", "task_id", "pool")
 
 
@@ -69,13 +69,20 @@ def _text(value: str | None) -> str | None:
     return value.strip() or None if value is not None else None
 
 
-def placement_filter(dag_id: str | None = Query(None, max_length=250),
-                     run_id: str | None = Query(None, max_length=250),
-                     task_id: str | None = Query(None, max_length=250),
-                     pool: str | None = Query(None, max_length=250),
+#: a filter field: printable text (a NUL or a control character made PostgreSQL's driver raise:
+#: HTTP 500 where a bad filter gets 422)
+PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
+
+
+def placement_filter(dag_id: str | None = Query(None, max_length=250, pattern=PRINTABLE),
+                     run_id: str | None = Query(None, max_length=250, pattern=PRINTABLE),
+                     task_id: str | None = Query(None, max_length=250, pattern=PRINTABLE),
+                     pool: str | None = Query(None, max_length=250, pattern=PRINTABLE),
                      fallback: str | None = Query(None, pattern="^(|yes|no)$",
                                                   description="yes: the fallback's placements only; no: the policy's"),
-                     before: int | None = Query(None, ge=1, description="page back: placements older than this id"),
+                     # the id column is an Integer: past it SQLite's driver raised (HTTP 500)
+                     before: int | None = Query(None, ge=1, le=2**31 - 1,
+                                                description="page back: placements older than this id"),
                      ) -> traces.PlacementFilter:
     """The page's query string as a :class:`traces.PlacementFilter`."""
     return traces.PlacementFilter(dag_id=_text(dag_id), run_id=_text(run_id), task_id=_text(task_id),
@@ -135,7 +142,8 @@ def create_app() -> FastAPI:
         head = "".join(f"<th>{c}</th>" for c in COLUMNS)
         body = "".join(
             "<tr class='{}'>".format("fallback" if r.get("fallback") else "policy")
-            + "".join(f"<td>{_cell(r.get(c))}</td>" for c in COLUMNS) + "</tr>"
+            + "".join(f"<td>{_cell(r.get(c) if c != 'map_index' or r.get(c) != -1 else None)}</td>"
+                      for c in COLUMNS) + "</tr>"
             for r in rows
         )
         fallbacks = sum(1 for r in rows if r.get("fallback"))
@@ -160,7 +168,9 @@ class DRLExecutorPlugin(AirflowPlugin):
     fastapi_apps = [{"app": create_app(), "url_prefix": URL_PREFIX, "name": "DRL placements"}]
     external_views = [{
         "name": "Placements",
-        "href": f"{URL_PREFIX}/",
+        # relative: the UI's <base href> (Airflow's base_url) resolves it, under a path prefix too
+        # (was "/drl/": behind https://host/airflow the view loaded https://host/drl/, outside Airflow)
+        "href": f"{URL_PREFIX.lstrip('/')}/",
         "destination": "nav",
         "url_route": "drl-placements",
         "category": "browse",

@@ -16,6 +16,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from airflow.utils.sqlalchemy import UtcDateTime
 from sqlalchemy import (
     Boolean,
     Column,
@@ -66,8 +67,11 @@ placements = Table(
     Column("celery_id", String(64), nullable=True, index=True),
     Column("features", Text, nullable=False),
     Column("decided_at", DateTime(timezone=True), nullable=False, index=True),
-    # the placements page's filters: one DAG's or one run's placements, latest first
+    # the placements page's filters: one DAG's or one run's placements, latest first; one pool's
+    # or one task's (was: a table scan for each, 123 ms at a million rows for a pool's typo)
     Index("ix_drl_placement_dag_run", "dag_id", "run_id"),
+    Index("ix_drl_placement_pool", "pool", "id"),
+    Index("ix_drl_placement_task", "task_id", "id"),
 )
 
 
@@ -235,7 +239,10 @@ def outcomes_query(limit: int = 500, dag_ids: Collection[str] | None = None,
         clauses.append("p.id < :before_id")
         params.append(bindparam("before_id", value=where.before_id))
     sql = _OUTCOMES.format(where=f"WHERE {' AND '.join(clauses)}" if clauses else "")
-    return text(sql).bindparams(*params, limit=limit)
+    # typed, so that every database gives the same values: a boolean fallback (SQLite gave 1/0)
+    # and dates in UTC (SQLite gave naive text; PostgreSQL its session's time zone)
+    return text(sql).bindparams(*params, limit=limit).columns(
+        fallback=Boolean, decided_at=UtcDateTime, start_date=UtcDateTime, end_date=UtcDateTime)
 
 
 _OUTCOMES = """

@@ -23,6 +23,7 @@ catalogue's nominal workers; speed-1 seconds of work per second).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -30,9 +31,11 @@ from typing import Callable, Sequence
 import numpy as np
 
 from policy.catalogue import Catalogue
-from policy.schema import RunGraph, TaskNode
+from policy.schema import PoolState, RunGraph, TaskNode
 from trainer.bounds import critical_path_lb
 from trainer.simulator import Job
+
+log = logging.getLogger(__name__)
 
 FAMILIES = ("montecarlo", "mlpipeline", "etl")
 SIZES: dict[str, tuple[int, int]] = {"montecarlo": (20, 80), "mlpipeline": (15, 50), "etl": (30, 120)}
@@ -251,11 +254,35 @@ def replay_jobs(path: str | Path, catalogue: Catalogue, sla_factor: float = 2.0)
     if not runs:
         raise ValueError(f"{path}: the replay file holds no runs")
     jobs = []
+    pools = catalogue.states()
     for j, run in enumerate(runs):
-        lb = critical_path_lb(run.graph, catalogue)
-        g = with_run_key(run.graph, f"{run.graph.run_key}#{j}")
+        graph, why = runnable(run.graph, pools)
+        if graph is None:
+            log.warning("%s: run %s left out: %s", path, run.graph.run_key, why)
+            continue
+        lb = critical_path_lb(graph, catalogue)
+        g = with_run_key(graph, f"{graph.run_key}#{j}")
         jobs.append(Job(g, run.arrival_s, run.arrival_s + sla_factor * lb))
+    if not jobs:
+        raise ValueError(f"{path}: no run of the replay file can run on these pools")
     return jobs
+
+
+def runnable(graph: RunGraph, pools: Sequence[PoolState]) -> tuple[RunGraph | None, str]:
+    """``graph`` as the simulator can run it on ``pools``: a pin no pool honours (a pool not in
+    the catalogue, or one too small for the task) is dropped, as production placed that task off
+    its pin (``policy.placement.unfit``; was: the simulator refused every decision for it, and a
+    nightly fine-tune on such a replay stopped with "left 2 ready task(s) unplaced"); None, and
+    why, when a task fits no pool at all."""
+    tasks = list(graph.tasks)
+    for i, t in enumerate(tasks):
+        if t.pool is not None and not any(p.fits(t) for p in pools):
+            tasks[i] = t = dataclasses.replace(t, pool=None)
+        if not any(p.fits(t) for p in pools):
+            return None, f"task {t.task_id!r} ({t.asks}) fits no pool"
+    if tasks == list(graph.tasks):
+        return graph, ""
+    return RunGraph(run_key=graph.run_key, tasks=tuple(tasks), edges=graph.edges), ""
 
 
 def load_templates(spec: str, rng: np.random.Generator) -> list[RunGraph]:

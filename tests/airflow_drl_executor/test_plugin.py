@@ -94,7 +94,9 @@ def test_the_query_string_becomes_the_filter(asked: tuple[TestClient, list[trace
     assert seen[-1] == traces.PlacementFilter()
 
 
-@pytest.mark.parametrize("query", ["fallback=maybe", "before=0", "before=x", "limit=0", "dag_id=" + "x" * 251])
+@pytest.mark.parametrize("query", ["fallback=maybe", "before=0", "before=x", "limit=0", "dag_id=" + "x" * 251,
+                                   # was HTTP 500: PostgreSQL's driver refuses a NUL, SQLite an id past 2**63
+                                   "dag_id=%00", "task_id=a%0Ab", "pool=%7F", "before=9223372036854775808"])
 def test_a_bad_filter_is_refused_with_the_field_named(asked: tuple[TestClient, list[traces.PlacementFilter]],
                                                        query: str) -> None:
     client, seen = asked
@@ -113,3 +115,55 @@ def test_a_full_page_links_to_the_older_placements_with_the_same_filters(
     assert "value='gpu'" in page and "<option value='no' selected>" in page, "the form keeps the filters"
     assert "by pool: cpu-small 2, gpu 2" in page
     assert "older placements" not in client.get("/?limit=20").text, "the last page has no link back"
+
+
+def test_the_page_reads_the_real_table_with_the_same_types_on_every_database(monkeypatch: pytest.MonkeyPatch,
+                                                                           tmp_path: Any) -> None:
+    """The real ``_rows`` and ``outcomes_query`` on SQLite. was: ``fallback`` 1/0 and dates as naive
+    text on SQLite (on PostgreSQL in its session's time zone), and mapped instances of one task
+    shown as identical rows (no map index, no decision time)"""
+    import contextlib
+    import datetime as dt
+    import sys
+    import uuid
+    from pathlib import Path
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.orm import Session
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_traces import U1, _airflow_tables, _record
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'airflow.db'}")  # the app reads it from another thread
+    _airflow_tables(engine)
+    traces.ensure_schema(engine)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE task_instance SET start_date = '2026-12-06 10:00:00.000000'"))
+        traces.write(conn, [_record(U1, dag_id="mine", fallback=True)]
+                     + [_record(uuid.uuid4(), dag_id="mine", task_id="fan", map_index=m) for m in range(2)])
+
+    @contextlib.contextmanager
+    def session() -> Any:
+        with Session(engine) as s:
+            yield s
+
+    monkeypatch.setattr("airflow.utils.session.create_session", session)
+    monkeypatch.setattr(plugin, "get_auth_manager", lambda: OneDagReader())
+    app = plugin.create_app()
+    app.dependency_overrides[get_user] = lambda: object()
+    client = TestClient(app)
+    rows = client.get("/api/placements").json()
+    assert [(r["task_id"], r["map_index"], r["fallback"]) for r in rows] == [("fan", 1, False), ("fan", 0, False),
+                                                                               ("t", -1, True)]
+    assert rows[2]["start_date"] == "2026-12-06T10:00:00Z", "UTC, with its zone"
+    assert dt.datetime.fromisoformat(rows[0]["decided_at"]).tzinfo is not None
+    page = client.get("/").text
+    assert "<th>map_index</th>" in page and "<th>decided_at</th>" in page
+    assert "<td>fan</td><td>1</td>" in page and "<td>t</td><td></td>" in page, "-1 (not mapped) shows empty"
+
+
+def test_the_nav_entry_is_relative_to_airflows_base_url() -> None:
+    """The UI loads an external view's href in an iframe under ``<base href>`` (Airflow's
+    ``[api] base_url``). was "/drl/": behind https://host/airflow it loaded https://host/drl/"""
+    (view,) = plugin.DRLExecutorPlugin.external_views
+    assert view["href"] == "drl/" and not view["href"].startswith("/")

@@ -74,4 +74,13 @@ def test_placements_page_shows_each_placement_and_why(stack: Stack, api: Api, br
 
     views = api.call("GET", "/api/v2/plugins")["plugins"]
     ours_plugin = next(p for p in views if p["name"] == "drl_executor")
-    assert ours_plugin["external_views"][0]["href"] == "/drl/"
+    assert ours_plugin["external_views"][0]["href"] == "drl/"
+    # the UI's nav entry: Airflow's own page, the placements in its iframe (the href resolved
+    # against the UI's <base href>, so under a base_url path prefix too)
+    browser.get(f"{stack.api_url}/plugin/drl-placements")
+    frame = WebDriverWait(browser, 60).until(
+        expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "iframe[title='Placements']")))
+    browser.switch_to.frame(frame)
+    WebDriverWait(browser, 30).until(expected_conditions.presence_of_element_located((By.ID, "placements")))
+    assert any(run_id in r.text for r in browser.find_elements(By.CSS_SELECTOR, "#placements tbody tr"))
+    browser.switch_to.default_content()
