@@ -180,7 +180,11 @@ class DRLExecutor(CeleryExecutor):
         if not queued or not self.drl_config.record_traces:
             return set()
         try:
-            with create_session() as session:
+            # a session of its own (every DB access of this executor): create_session() hands back
+            # the thread's scoped session, here the scheduler's adoption session, and would commit
+            # and close it (found by review: the TIs came back detached, adoption raised
+            # DetachedInstanceError and the scheduler exited, at every restart)
+            with create_session(scoped=False) as session:
                 conn = session.connection()
                 if not inspect(conn).has_table(traces.placements.name):
                     return set()
@@ -403,7 +407,7 @@ class DRLExecutor(CeleryExecutor):
         failed: dict[str, str] = {}
         unplaced = ""  # why the executor places the tasks the request does not hold itself
         try:
-            with create_session() as session:
+            with create_session(scoped=False) as session:
                 self._running_in_db = self.graph_builder.running_by_pool(session)
                 self._started = self._starts(session)
                 self._others = self._others_running(session)
@@ -522,7 +526,7 @@ class DRLExecutor(CeleryExecutor):
         if not undecided:
             return {}
         try:
-            with create_session() as session:
+            with create_session(scoped=False) as session:
                 return self.graph_builder.airflow_pools(session, [w.ti.id for w in undecided])
         except SQLAlchemyError as exc:
             self.log.warning("DRLExecutor: cannot read the Airflow pools of held tasks: %s", exc)
@@ -612,7 +616,7 @@ class DRLExecutor(CeleryExecutor):
         for w in tasks:
             by_pool.setdefault(w.ti.queue, []).append(w.ti.id)
         try:
-            with create_session() as session:
+            with create_session(scoped=False) as session:
                 for pool, ids in by_pool.items():
                     session.execute(
                         update(TaskInstance).where(TaskInstance.id.in_(ids)).values(queue=pool)
@@ -640,7 +644,7 @@ class DRLExecutor(CeleryExecutor):
         if not self._unwritten:
             return
         try:
-            with create_session() as session:
+            with create_session(scoped=False) as session:
                 conn = session.connection()
                 if not self._traces_ready:
                     traces.ensure_schema(conn.engine)

@@ -334,7 +334,7 @@ def test_adoption_reschedules_what_was_never_sent_in_the_same_try_and_keeps_the_
     engine = create_engine("sqlite://")
     traces.ensure_schema(engine)
     monkeypatch.setattr("airflow.utils.session.create_session", contextlib.contextmanager(
-        lambda: (yield Session(engine))))
+        lambda scoped=True: (yield Session(engine))))
     ex = DRLExecutor()
     monkeypatch.setattr(ex, "bulk_state_fetcher", types.SimpleNamespace(
         get_many=lambda results: {r.task_id: ("STARTED", None) for r in results}))
@@ -588,7 +588,7 @@ def test_traces_the_database_refuses_are_written_at_a_later_heartbeat(monkeypatc
     down = {"calls": 2}
 
     @contextlib.contextmanager
-    def create_session():  # type: ignore[no-untyped-def]
+    def create_session(scoped=True):  # type: ignore[no-untyped-def]
         if down["calls"]:
             down["calls"] -= 1
             raise OperationalError("INSERT INTO drl_placement", {}, Exception("server closed the connection"))
