@@ -302,7 +302,8 @@ class DRLExecutor(CeleryExecutor):
             known.update(self.graph_builder.started(session, unknown))
         return known
 
-    def _placed_before(self, session: Any, ready: Sequence[ReadyInstance]) -> dict[str, traces.LastPlacement] | None:
+    def _placed_before(self, session: Any, ready: Sequence[ReadyInstance]
+                       ) -> dict[tuple[str, str], traces.LastPlacement] | None:
         """The latest placement of each ready instance queued on a pool (a pool its DAG may not
         pin it to: a mutation hook's pin, or this executor's earlier choice; see
         :func:`graph_builder.queue_pin`); None without placement traces (no queue is then read
@@ -310,18 +311,19 @@ class DRLExecutor(CeleryExecutor):
         if not self.drl_config.record_traces:
             return None
         names = set(self.catalogue.names) - {self.default_queue}
-        ids = [inst.ti_id for inst in ready if inst.queue in names]
-        if not ids:
+        keys = {(i.dag_id, i.run_id, i.task_id, i.map_index): (i.run_key, i.node) for i in ready if i.queue in names}
+        if not keys:
             return {}
         try:
             with session.begin_nested():  # a failed read must not abort the heartbeat's transaction
                 conn = session.connection()
                 if not inspect(conn).has_table(traces.placements.name):
                     return {}  # nothing placed yet (the table comes with the first trace)
-                return traces.last_placements(conn, ids)
+                found = traces.last_placements(conn, list(keys))
         except SQLAlchemyError as exc:
             self.log.warning("DRLExecutor: cannot read earlier placements (queues not read as pins): %s", exc)
             return None
+        return {keys[k]: last for k, last in found.items()}
 
     def _others_running(self, session: Any) -> dict[str, list[float]]:
         """Each pool's running tasks that another scheduler sent (Airflow HA), as their expected
@@ -393,7 +395,7 @@ class DRLExecutor(CeleryExecutor):
             ReadyInstance(
                 dag_id=w.ti.dag_id, run_id=w.ti.run_id, task_id=w.ti.task_id, map_index=_map_index(w.ti),
                 try_number=w.ti.try_number, dag_version_id=str(w.ti.dag_version_id),
-                queue=str(w.ti.queue), ti_id=str(w.ti.id),
+                queue=str(w.ti.queue),
             )
             for w in tasks
         ]

@@ -73,7 +73,6 @@ class ReadyInstance:
     map_index: int = -1
     #: the task instance's queue as the scheduler queued it (a pool, when a mutation hook pinned it)
     queue: str = ""
-    ti_id: str = ""
 
     @property
     def run_key(self) -> str:
@@ -187,11 +186,12 @@ class GraphBuilder:
 
     def build(self, ready: Sequence[ReadyInstance], session: Session,
               not_sent: Iterable[tuple[str, str]] = (),
-              placed_before: Mapping[str, LastPlacement] | None = None) -> Batch:
+              placed_before: Mapping[tuple[str, str], LastPlacement] | None = None) -> Batch:
         """The graphs, progress and ready tasks of a batch. A run whose graph cannot be built (no
         serialized DAG for its version) is left out with the reason, not the whole batch.
 
-        ``placed_before``: ti id -> its latest placement, for the ready instances queued on a pool
+        ``placed_before``: (run key, node) -> its latest placement (of any try), for the ready
+        instances queued on a pool
         (None: no placement traces, no pins read from the queue). A task instance whose queue
         names a pool its DAG did not pin it to is pinned there (:func:`queue_pin`): a
         ``task_instance_mutation_hook`` set it (was: a pin was read from the DAG only)."""
@@ -233,7 +233,7 @@ class GraphBuilder:
                 tasks[key] = ReadyTask(run_key=inst.run_key, task_id=inst.node, try_number=n)
                 node = graphs[inst.run_key].tasks[view(graphs[inst.run_key]).index[inst.node]]
                 if placed_before is not None and node.pool is None and queue_pin(
-                        inst, n, placed_before.get(inst.ti_id), self.pool_names, self.default_queue):
+                        inst, n, placed_before.get(key), self.pool_names, self.default_queue):
                     pins[key] = inst.queue
         progress = _progress(rows, self._run_ages(runs, session))
         # The ready tasks, and the others queued to the executor and not sent to Celery (``not_sent``:
@@ -499,16 +499,19 @@ def queue_pin(inst: ReadyInstance, attempt: int, last: LastPlacement | None, poo
               default_queue: str) -> bool:
     """Whether ``inst``'s queue pins it to that pool (for a task its DAG does not pin). Airflow
     sets a task instance's queue from its task, then runs the ``task_instance_mutation_hook``, at
-    creation and at a clear; the executor writes its own choice there when it places a try, and a
-    retry, a resumed deferral or a sensor's next poke keep it. So the queue is the hook's when the
-    instance was never placed (``last`` None: its latest placement) or was cleared since (the first
-    try since a clear, of a later try than the one placed), and the executor's choice otherwise,
-    a pin only if that placement was pinned to it."""
+    creation and at a clear (of a task not running); the executor writes its own choice there when
+    it places a try, and a retry, a resumed deferral, a sensor's next poke or a clear while running
+    keep it. So the queue is the hook's when the instance was never placed (``last``, its latest
+    placement of any try, None); the executor's own when it names the pool last placed on, a pin
+    only if that placement was pinned; and the hook's again when it names another pool on the
+    first try since a clear."""
     if inst.queue not in pool_names or inst.queue == default_queue:
         return False
-    if last is None or (attempt == 1 and last.try_number < inst.try_number):
+    if last is None:
         return True
-    return last.pinned and last.pool == inst.queue
+    if inst.queue == last.pool:
+        return last.pinned
+    return attempt == 1 and last.try_number < inst.try_number
 
 
 def attempt(try_number: int, max_tries: int | None, retries: int | None) -> int:

@@ -167,22 +167,32 @@ class LastPlacement:
     pinned: bool
 
 
-def last_placements(conn: Connection, ti_ids: Collection[str]) -> dict[str, LastPlacement]:
-    """The latest placement of each of these task instances (ids) that has one."""
-    out: dict[str, LastPlacement] = {}
-    ids = sorted(set(ti_ids))
-    for i in range(0, len(ids), 1000):  # bounded IN lists
-        latest = (select(func.max(placements.c.id)).where(placements.c.ti_id.in_(ids[i:i + 1000]))
-                  .group_by(placements.c.ti_id))
-        rows = conn.execute(select(placements.c.ti_id, placements.c.try_number, placements.c.pool,
-                                   placements.c.features).where(placements.c.id.in_(latest)))
-        for r in rows:
+def last_placements(conn: Connection, instances: Collection[tuple[str, str, str, int]]
+                    ) -> dict[tuple[str, str, str, int], LastPlacement]:
+    """The latest placement, of any try, of each of these task instances ``(dag id, run id, task
+    id, map index)`` that has one. By name, not by ``ti_id``: Airflow gives every new try a new id
+    (``TaskInstance.prepare_db_for_next_try``; found by review: read by id, a retry looked never
+    placed, and its queue, the executor's last choice, was taken for a mutation hook's pin)."""
+    wanted = set(instances)
+    by_run: dict[tuple[str, str], set[str]] = {}
+    for dag_id, run_id, task_id, _ in wanted:
+        by_run.setdefault((dag_id, run_id), set()).add(task_id)
+    c = placements.c
+    out: dict[tuple[str, str, str, int], LastPlacement] = {}
+    for (dag_id, run_id), tasks in sorted(by_run.items()):  # one query per run (ix_drl_placement_dag_run)
+        latest = (select(func.max(c.id)).where(c.dag_id == dag_id, c.run_id == run_id, c.task_id.in_(sorted(tasks)))
+                  .group_by(c.task_id, c.map_index))
+        for r in conn.execute(select(c.task_id, c.map_index, c.try_number, c.pool, c.features)
+                              .where(c.id.in_(latest))):
+            key = (dag_id, run_id, str(r.task_id), int(r.map_index))
+            if key not in wanted:
+                continue
             try:
                 node = json.loads(r.features)
             except (TypeError, ValueError):
                 node = None
             pinned = isinstance(node, dict) and node.get("pool") == r.pool
-            out[str(r.ti_id)] = LastPlacement(int(r.try_number), str(r.pool), pinned)
+            out[key] = LastPlacement(int(r.try_number), str(r.pool), pinned)
     return out
 
 

@@ -348,7 +348,7 @@ def test_the_ready_task_carries_its_try_since_the_last_clear(monkeypatch: pytest
 def _inst(queue: str, try_number: int = 1) -> Any:
     from airflow_drl_executor.graph_builder import ReadyInstance
 
-    return ReadyInstance("etl", "r1", "t", try_number, "v", queue=queue, ti_id="ti1")
+    return ReadyInstance("etl", "r1", "t", try_number, "v", queue=queue)
 
 
 @pytest.mark.parametrize(("queue", "try_number", "attempt", "last", "pin"), [
@@ -358,6 +358,7 @@ def _inst(queue: str, try_number: int = 1) -> Any:
     ("cpu-large", 2, 2, (1, "cpu-large", False), False),  # a retry keeps the executor's free choice
     ("cpu-large", 2, 2, (1, "cpu-large", True), True),  # a retry of a pinned try
     ("cpu-large", 2, 1, (1, "cpu-small", False), True),  # cleared: Airflow ran the hook again
+    ("cpu-large", 2, 1, (1, "cpu-large", False), False),  # cleared while running: the queue is kept
     ("cpu-large", 2, 2, (1, "cpu-small", True), False),  # a retry whose queue changed: not the pin
 ])
 def test_a_task_instance_queue_set_outside_the_dag_is_a_pin(queue: str, try_number: int, attempt: int,

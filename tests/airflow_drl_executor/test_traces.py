@@ -149,16 +149,21 @@ def test_placements_are_filtered_and_paged_back_to_the_first(engine: Engine) -> 
         traces.PlacementFilter(before_id=0)
 
 
-def test_last_placements_are_each_task_instances_latest_and_say_if_it_was_pinned(engine: Engine) -> None:
+def test_last_placements_are_each_task_instances_latest_of_any_try_and_say_if_it_was_pinned(engine: Engine) -> None:
+    """Airflow gives every try a new ti id. was: read by id, a retry looked never placed (and its
+    queue, the executor's own last choice, was taken for a mutation hook's pin)"""
     traces.ensure_schema(engine)
     t0 = dt.datetime(2026, 12, 6, tzinfo=dt.UTC)
-    free, pinned, never = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     with engine.begin() as conn:
         conn.execute(insert(traces.placements), [
-            _record(free, pool="gpu", features={"pool": "gpu"}).row(t0),  # try 1: pinned
-            _record(free, try_number=2, pool="cpu-small").row(t0),  # its retry, placed freely
-            _record(pinned, pool="cpu-large", features={"pool": "cpu-large", "cpus": 4}).row(t0),
+            _record(uuid.uuid4(), task_id="free", pool="gpu", features={"pool": "gpu"}).row(t0),  # try 1: pinned
+            _record(uuid.uuid4(), task_id="free", try_number=2, pool="cpu-small").row(t0),  # its retry: placed freely
+            _record(uuid.uuid4(), task_id="pinned", pool="cpu-large", features={"pool": "cpu-large", "cpus": 4}).row(t0),
+            _record(uuid.uuid4(), task_id="fan", map_index=3, pool="gpu").row(t0),
+            _record(uuid.uuid4(), task_id="free", run_id="other", pool="cpu-large").row(t0),
         ])
-        got = traces.last_placements(conn, [str(free), str(pinned), str(never)])
-    assert got == {str(free): traces.LastPlacement(2, "cpu-small", False),
-                   str(pinned): traces.LastPlacement(1, "cpu-large", True)}
+        got = traces.last_placements(conn, [("d", "r", "free", -1), ("d", "r", "pinned", -1), ("d", "r", "never", -1),
+                                            ("d", "r", "fan", 3), ("d", "r", "fan", 4)])
+    assert got == {("d", "r", "free", -1): traces.LastPlacement(2, "cpu-small", False),
+                   ("d", "r", "pinned", -1): traces.LastPlacement(1, "cpu-large", True),
+                   ("d", "r", "fan", 3): traces.LastPlacement(1, "gpu", False)}
