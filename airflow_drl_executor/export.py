@@ -32,7 +32,15 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import DateTime, bindparam, text
 
-from airflow_drl_executor.graph_builder import GraphBuilder, expand_mapped, expansions, lenient_node, node_id
+from airflow_drl_executor.graph_builder import (
+    GraphBuilder,
+    expand_mapped,
+    expansions,
+    lenient_node,
+    node_id,
+    worker_seconds,
+    worker_starts,
+)
 from policy.catalogue import Catalogue, VMClass
 from policy.errors import PolicyError
 from policy.replay import ReplayRun
@@ -47,8 +55,8 @@ EXCLUDE_TAG = "drl-exclude"
 
 _QUERY = text(
     """
-    SELECT p.dag_id, p.run_id, p.task_id, p.map_index, p.pool, p.features, p.decided_at,
-           t.dag_version_id, t.state, t.start_date, t.end_date
+    SELECT p.dag_id, p.run_id, p.task_id, p.map_index, p.try_number, p.pool, p.features, p.decided_at,
+           t.dag_version_id, t.state, t.start_date, t.end_date, t.queued_dttm, t.next_method
     FROM drl_placement p
     JOIN task_instance t
       ON t.id = p.ti_id AND t.try_number = p.try_number
@@ -59,7 +67,8 @@ _QUERY = text(
     """
 ).bindparams(  # typed, so that every database (SQLite too) compares and returns datetimes
     bindparam("since", type_=DateTime(timezone=True)), bindparam("until", type_=DateTime(timezone=True)),
-).columns(decided_at=DateTime(timezone=True), start_date=DateTime(timezone=True), end_date=DateTime(timezone=True))
+).columns(decided_at=DateTime(timezone=True), start_date=DateTime(timezone=True), end_date=DateTime(timezone=True),
+           queued_dttm=DateTime(timezone=True))
 
 
 def export_runs(session: Session, catalogue: Catalogue, *, since: dt.datetime, until: dt.datetime,
@@ -72,6 +81,16 @@ def export_runs(session: Session, catalogue: Catalogue, *, since: dt.datetime, u
         r = dict(row._mapping)
         if r["dag_id"] not in excluded:
             by_run[(r["dag_id"], r["run_id"])].append(r)
+    # a try resumed from deferral: its run after the trigger fired, from its last start (Airflow's
+    # log), as the graph builder's history counts it (was: from its first start, the wait in the
+    # triggerer counted as run time)
+    keys = [(r["dag_id"], r["task_id"], r["run_id"], r["map_index"], r["try_number"])
+            for rows in by_run.values() for r in rows
+            if r["queued_dttm"] and r["start_date"] and r["queued_dttm"] > r["start_date"]]
+    logged = worker_starts(session, keys)
+    for rows in by_run.values():
+        for r in rows:
+            r["logged_start"] = logged.get((r["dag_id"], r["task_id"], r["run_id"], r["map_index"], r["try_number"]))
     vms = {p.name: p.vm_class for p in catalogue.pools}
     builder = GraphBuilder(pool_names=catalogue.names, default_queue="default", default_duration_s=60.0,
                            history_ttl_s=0, vm_classes=vms)
@@ -128,9 +147,11 @@ def _graph(run_key: str, rows: Sequence[dict[str, Any]], builder: GraphBuilder, 
 
 
 def _seconds(r: Mapping[str, Any]) -> float | None:
-    """A successful try's wall time, seconds."""
-    if str(r["state"]) == "success" and r["start_date"] and r["end_date"]:
-        return max((r["end_date"] - r["start_date"]).total_seconds(), 0.001)
+    """A successful try's time on a worker, seconds (:func:`graph_builder.worker_seconds`); none
+    for a try that ended in the triggerer (its ``next_method`` still set: its time on a worker is
+    recorded nowhere)."""
+    if str(r["state"]) == "success" and r["start_date"] and r["end_date"] and not r.get("next_method"):
+        return max(worker_seconds(r["start_date"], r["end_date"], r.get("queued_dttm"), r.get("logged_start")), 0.001)
     return None
 
 

@@ -328,8 +328,11 @@ class GraphBuilder:
         when resuming), so its ``duration`` counts the wait in the triggerer too: 2 s of work that
         waited an hour for its trigger has a ``duration`` of ~3,600 s (found by review). Such a try
         was queued again after it started (``queued_dttm`` > ``start_date``, the scheduler stamps
-        every queueing): it is counted from that last queueing to its end, its run after the
-        trigger fired (what it ran before deferring is not recorded anywhere, usually a submit).
+        every queueing): it is counted from its worker's last start (the ``running`` row Airflow
+        writes to its ``log`` table at every start; its last queueing when that row is gone) to its
+        end, its run after the trigger fired (what it ran before deferring is not recorded
+        anywhere, usually a submit; from the queueing, found by review, the wait in its pool's
+        Celery queue counted as run time).
         A try that ended in the triggerer (``end_from_trigger``: Airflow leaves its
         ``next_method`` set, a worker's end clears it) held its slot only until it deferred, a
         time recorded nowhere: it is left out (its task takes its hint, or the default)."""
@@ -361,11 +364,14 @@ class GraphBuilder:
                 totals[(str(task_id), str(queue))] = [float(mean) * int(n), int(n)]
         # the resumed tries one by one (few: the deferrable tasks' own), in Python: date
         # arithmetic differs between PostgreSQL, MySQL and SQLite
-        for task_id, queue, queued, end in session.execute(
-            select(TI.task_id, TI.queue, TI.queued_dttm, TI.end_date)
+        again = session.execute(
+            select(TI.task_id, TI.queue, TI.start_date, TI.queued_dttm, TI.end_date, TI.run_id, TI.map_index,
+                   TI.try_number)
             .where(*done, resumed, TI.end_date.is_not(None))
-        ).all() if recent else []:
-            seconds = (_utc(end) - _utc(queued)).total_seconds()
+        ).all() if recent else []
+        starts = worker_starts(session, [(dag_id, t, r, m, n) for t, _, _, _, _, r, m, n in again])
+        for task_id, queue, start, queued, end, run_id, map_index, try_number in again:
+            seconds = worker_seconds(start, end, queued, starts.get((dag_id, task_id, run_id, map_index, try_number)))
             if seconds >= 0:
                 total = totals.setdefault((str(task_id), str(queue)), [0.0, 0])
                 total[0] += seconds
@@ -396,11 +402,11 @@ class GraphBuilder:
         from sqlalchemy import select
 
         rows = session.execute(
-            select(TI.id, TI.dag_id, TI.task_id, TI.queue, TI.start_date, TI.queued_dttm)
-            .where(TI.state == "running", TI.queue.in_(self.pool_names))
+            select(TI.id, TI.queue, *_try_columns(TI)).where(TI.state == "running", TI.queue.in_(self.pool_names))
         ).all()
-        return [(uuid_text(ti_id), str(dag_id), str(task_id), str(queue), _worker_start(start, queued))
-                for ti_id, dag_id, task_id, queue, start, queued in rows if start is not None]
+        starts = _worker_start(session, [r[2:] for r in rows])
+        return [(uuid_text(r[0]), str(r[2]), str(r[3]), str(r[1]), starts[i]) for i, r in enumerate(rows)
+                if i in starts]
 
     def expected_run_s(self, dag_id: str, task_id: str, pool: str, session: Session) -> float:
         """Expected seconds of a try of ``task_id`` on ``pool`` from the DAG's history: its mean
@@ -414,20 +420,17 @@ class GraphBuilder:
 
     def started(self, session: Session, ti_ids: Sequence[str]) -> dict[str, float]:
         """Of these task instances (ids), the ones running, with their start on a worker (epoch
-        seconds): the start date, or for a try resumed from deferral (Airflow keeps its first
-        start date) its last queueing."""
-        from airflow.models.taskinstance import TaskInstance
+        seconds; :func:`_worker_start`)."""
+        from airflow.models.taskinstance import TaskInstance as TI
         from sqlalchemy import select
 
         out: dict[str, float] = {}
         for ids in _id_chunks(ti_ids):
             rows = session.execute(
-                select(TaskInstance.id, TaskInstance.start_date, TaskInstance.queued_dttm)
-                .where(TaskInstance.id.in_(ids), TaskInstance.state == "running")
+                select(TI.id, *_try_columns(TI)).where(TI.id.in_(ids), TI.state == "running")
             ).all()
-            for ti_id, start, queued in rows:
-                if start is not None:
-                    out[uuid_text(ti_id)] = _worker_start(start, queued)
+            starts = _worker_start(session, [r[1:] for r in rows])
+            out.update((uuid_text(r[0]), starts[i]) for i, r in enumerate(rows) if i in starts)
         return out
 
     def airflow_pools(self, session: Session, ti_ids: Sequence[object]) -> dict[str, str]:
@@ -532,18 +535,72 @@ def _retries(task: Any) -> int | None:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+def worker_starts(session: Session, tries: Collection[tuple[str, str, str, int, int]]
+                  ) -> dict[tuple[str, str, str, int, int], dt.datetime]:
+    """The latest start on a worker of each of these tries ``(dag id, task id, run id, map index,
+    try number)``, from the ``running`` rows Airflow 3.3 writes to its ``log`` table at every start
+    of a try (``ti_run``; ``idx_log_task_instance``); none for a try whose rows are gone (``airflow
+    db clean``). For tries resumed from deferral, whose ``start_date`` stays the first start."""
+    if not tries:
+        return {}
+    from airflow.models.log import Log
+    from sqlalchemy import and_, func, or_, select
+
+    wanted = set(tries)
+    runs: dict[tuple[str, str], set[str]] = {}
+    for dag_id, task_id, run_id, _, _ in wanted:
+        runs.setdefault((dag_id, run_id), set()).add(task_id)
+    rows = session.execute(
+        select(Log.dag_id, Log.task_id, Log.run_id, Log.map_index, Log.try_number, func.max(Log.dttm))
+        .where(Log.event == "running",
+               or_(*(and_(Log.dag_id == d, Log.run_id == r, Log.task_id.in_(sorted(t))) for (d, r), t in runs.items())))
+        .group_by(Log.dag_id, Log.task_id, Log.run_id, Log.map_index, Log.try_number)
+    ).all()
+    out = {}
+    for d, t, r, m, n, when in rows:
+        key = (str(d), str(t), str(r), -1 if m is None else int(m), int(n or 0))
+        if key in wanted and when is not None:
+            out[key] = _utc(when)
+    return out
+
+
+def worker_seconds(start: dt.datetime, end: dt.datetime, queued: dt.datetime | None,
+                   logged: dt.datetime | None = None) -> float:
+    """Seconds a finished try held its worker slot: ``end - start``; for a try resumed from
+    deferral (queued again after it started: Airflow keeps its first start date), from its last
+    start on a worker (``logged``, :func:`worker_starts`), else from its last queueing."""
+    begin = _utc(start)
+    if queued is not None and _utc(queued) > begin:
+        begin = max(_utc(queued), logged or _utc(queued))
+    return (_utc(end) - begin).total_seconds()
+
+
 def _utc(when: dt.datetime) -> dt.datetime:
     """Airflow's dates are UTC; a naive one (SQLite, MySQL) is too."""
     return when if when.tzinfo is not None else when.replace(tzinfo=dt.UTC)
 
 
-def _worker_start(start: dt.datetime, queued: dt.datetime | None) -> float:
-    """When a running try took its worker slot (epoch seconds): its start date, or its last
-    queueing when that came later (a try resumed from deferral keeps its first start date)."""
-    at = _utc(start)
-    if queued is not None and _utc(queued) > at:
-        at = _utc(queued)
-    return at.timestamp()
+def _try_columns(TI: Any) -> tuple[Any, ...]:
+    """The columns :func:`_worker_start` takes, in its order."""
+    return (TI.dag_id, TI.task_id, TI.run_id, TI.map_index, TI.try_number, TI.start_date, TI.queued_dttm)
+
+
+def _worker_start(session: Session, rows: Sequence[Sequence[Any]]) -> dict[int, float]:
+    """When each running try (``_try_columns`` rows, by position) took its worker slot, epoch
+    seconds: its start date; for a try resumed from deferral (queued again after it started:
+    Airflow keeps its first start date) its last start from Airflow's log (:func:`worker_starts`),
+    else its last queueing. None (left out) without a start date."""
+    resumed = [tuple(r[:5]) for r in rows if r[5] is not None and r[6] is not None and _utc(r[6]) > _utc(r[5])]
+    logged = worker_starts(session, resumed) if resumed else {}
+    out: dict[int, float] = {}
+    for i, (dag_id, task_id, run_id, map_index, try_number, start, queued) in enumerate(rows):
+        if start is None:
+            continue
+        at = _utc(start)
+        if queued is not None and _utc(queued) > at:
+            at = max(_utc(queued), logged.get((dag_id, task_id, run_id, map_index, try_number), _utc(queued)))
+        out[i] = at.timestamp()
+    return out
 
 
 def uuid_text(value: object) -> str:

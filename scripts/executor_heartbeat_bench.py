@@ -101,9 +101,9 @@ class FakeSession:
         cols = tuple(c.name for c in stmt.selected_columns)
         if cols == ("queue", "count"):
             rows, what = db.running_by_pool, "running_by_pool"
-        elif cols == ("id", "start_date", "queued_dttm"):
+        elif cols == ("id", "dag_id", "task_id", "run_id", "map_index", "try_number", "start_date", "queued_dttm"):
             ids = next(b.right.value for b in _leaves(stmt.whereclause) if b.left.key == "id")
-            rows = [(i, db.running_ids[i], None) for i in ids if i in db.running_ids]
+            rows = [(i, "other", "t", "r", -1, 1, db.running_ids[i], None) for i in ids if i in db.running_ids]
             what = "started"
         elif cols == ("dag_id", "run_id", "task_id", "map_index", "state", "max_tries"):
             vals = [b.right.value for b in _leaves(stmt.whereclause)]
@@ -111,7 +111,8 @@ class FakeSession:
             for d, r in zip(vals[::2], vals[1::2], strict=True):
                 rows.extend((*row, 0) for row in db.ti_rows[(d, r)])
             what = "ti_rows"
-        elif cols == ("task_id", "queue", "queued_dttm", "end_date"):
+        elif cols == ("task_id", "queue", "start_date", "queued_dttm", "end_date", "run_id", "map_index",
+                      "try_number"):
             rows, what = [], "resumed"  # no deferrable tasks here
         elif cols == ("dag_id", "run_id", "start_date"):
             vals = [b.right.value for b in _leaves(stmt.whereclause)]

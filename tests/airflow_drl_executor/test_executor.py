@@ -471,11 +471,13 @@ def test_another_schedulers_running_tasks_are_charged_their_expected_finish(
     engine = create_engine("sqlite://")
     with engine.begin() as conn:
         conn.execute(text("CREATE TABLE task_instance (id CHAR(32), dag_id TEXT, task_id TEXT, queue TEXT, "
-                          "state TEXT, start_date TIMESTAMP, queued_dttm TIMESTAMP)"))
+                          "state TEXT, start_date TIMESTAMP, queued_dttm TIMESTAMP, run_id TEXT DEFAULT 'r', "
+                          "map_index INTEGER DEFAULT -1, try_number INTEGER DEFAULT 1)"))
         for i, (task, queue, state) in enumerate([("train", "gpu", "running"), ("train", "gpu", "running"),
                                                   ("x", "gpu", "queued"), ("y", "default", "running")]):
             start = dt.datetime.fromtimestamp(t0 + i, tz=dt.UTC).replace(tzinfo=None)
-            conn.execute(text("INSERT INTO task_instance VALUES (:id, 'ml', :t, :q, :s, :start, :start)"),
+            conn.execute(text("INSERT INTO task_instance (id, dag_id, task_id, queue, state, start_date, queued_dttm) "
+                              "VALUES (:id, 'ml', :t, :q, :s, :start, :start)"),
                          {"id": uuid.uuid4().hex, "t": task, "q": queue, "s": state,
                           "start": start.strftime("%Y-%m-%d %H:%M:%S.%f")})
     with Session(engine) as session:

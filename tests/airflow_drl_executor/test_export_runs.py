@@ -32,7 +32,11 @@ task_instances = Table(
     Column("id", TaskInstance.__table__.c.id.type), Column("try_number", Integer), Column("map_index", Integer),
     Column("dag_version_id", String(36)), Column("state", String(20)),
     Column("start_date", DateTime(timezone=True)), Column("end_date", DateTime(timezone=True)),
+    Column("queued_dttm", DateTime(timezone=True)), Column("next_method", String(1000)),
 )
+logs = Table("log", MetaData(), Column("dttm", DateTime(timezone=True)), Column("event", String(30)),
+             Column("dag_id", String(250)), Column("task_id", String(250)), Column("run_id", String(250)),
+             Column("map_index", Integer), Column("try_number", Integer))
 
 # extract -> (train, report, mapped); report is never placed (its run failed before it was ready)
 STRUCTURE = _Structure(
@@ -49,6 +53,7 @@ def session(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     engine = create_engine("sqlite://")
     traces.ensure_schema(engine)
     task_instances.create(engine)
+    logs.create(engine)
     with engine.begin() as conn:
         conn.execute(text("CREATE TABLE dag_tag (dag_id VARCHAR(250), name VARCHAR(100))"))
         dag_runs.create(conn)
@@ -59,16 +64,27 @@ def session(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
 
 def _ran(session: Session, task_id: str, pool: str, seconds: float, *, map_index: int = -1,
          state: str = "success", decided: dt.datetime = T0, run_id: str = "r1",
-         run_ended: dt.datetime | None = T0 + dt.timedelta(minutes=30)) -> None:
+         run_ended: dt.datetime | None = T0 + dt.timedelta(minutes=30), deferred_s: float = 0.0,
+         next_method: str | None = None) -> None:
     """One placed instance of ``task_id`` (features as the executor records them) and its outcome;
-    its run (ended at ``run_ended``, None: still going) recorded once."""
+    its run (ended at ``run_ended``, None: still going) recorded once. ``deferred_s``: its try
+    waited that long in the triggerer, then was queued again and ran ``seconds`` on a worker (2 s
+    of them in its pool's Celery queue), as Airflow records it: its first start date kept, and a
+    ``running`` log row at each start."""
     ti_id = uuid.uuid4()
     start = decided + dt.timedelta(minutes=1)
+    end = start + dt.timedelta(seconds=deferred_s + seconds)
+    queued = start - dt.timedelta(seconds=1) if not deferred_s else start + dt.timedelta(seconds=deferred_s)
     if session.execute(select(dag_runs.c.run_id).where(dag_runs.c.run_id == run_id)).first() is None:
         session.execute(insert(dag_runs), [{"dag_id": "etl", "run_id": run_id, "end_date": run_ended}])
     session.execute(insert(task_instances), [{
         "id": ti_id, "try_number": 1, "map_index": map_index, "dag_version_id": "v1", "state": state,
-        "start_date": start, "end_date": start + dt.timedelta(seconds=seconds)}])
+        "start_date": start, "end_date": end, "queued_dttm": queued, "next_method": next_method}])
+    if deferred_s:
+        session.execute(insert(logs), [
+            {"dttm": when, "event": "running", "dag_id": "etl", "task_id": task_id, "run_id": run_id,
+             "map_index": map_index, "try_number": 1}
+            for when in (start, queued + dt.timedelta(seconds=2))])
     node = TaskNode(task_id, duration_s=60.0, kind="gpu_train" if task_id == "train" else "default")
     record = traces.PlacementRecord(
         ti_id=str(ti_id), dag_id="etl", run_id=run_id, task_id=task_id, map_index=map_index, try_number=1,
@@ -144,3 +160,13 @@ def test_a_run_is_exported_whole_by_the_night_it_ended(session: Session) -> None
     seconds = {t.task_id: t.duration_s for t in second.graph.tasks}
     assert seconds == {"extract": pytest.approx(10.0), "mapped": pytest.approx(20.0), "report": pytest.approx(20.0),
                        "train": pytest.approx(20.0)}
+
+
+def test_a_deferrable_tasks_duration_is_its_time_on_a_worker(session: Session) -> None:
+    """As the graph builder's history counts it. was: from its first start date, which Airflow
+    keeps for a resumed try: an hour in the triggerer exported as an hour of work"""
+    _ran(session, "extract", "cpu-small", 10.0, deferred_s=3600.0)  # 2 s in the Celery queue, 8 s of work
+    _ran(session, "train", "gpu", 5.0, next_method="execute_complete")  # ended in the triggerer
+    nodes, _ = _export(session)
+    assert nodes["extract"].duration_s == pytest.approx(8.0)
+    assert nodes["train"].duration_s == 60.0, "no time on a worker recorded: as never observed"

@@ -103,7 +103,10 @@ def _history_db() -> Any:
         conn.execute(text("CREATE TABLE dag_run (id INTEGER PRIMARY KEY, dag_id TEXT, run_id TEXT)"))
         conn.execute(text("CREATE TABLE task_instance (dag_id TEXT, run_id TEXT, task_id TEXT, queue TEXT, "
                           "state TEXT, duration FLOAT, start_date TIMESTAMP, end_date TIMESTAMP, "
-                          "queued_dttm TIMESTAMP, next_method TEXT)"))
+                          "queued_dttm TIMESTAMP, next_method TEXT, map_index INTEGER DEFAULT -1, "
+                          "try_number INTEGER DEFAULT 1)"))
+        conn.execute(text("CREATE TABLE log (id INTEGER PRIMARY KEY, dttm TIMESTAMP, dag_id TEXT, task_id TEXT, "
+                          "run_id TEXT, map_index INTEGER, try_number INTEGER, event TEXT)"))
     return engine
 
 
@@ -156,14 +159,22 @@ def test_a_try_resumed_from_deferral_counts_its_run_after_the_trigger_not_its_wa
         ]
         for run, task, queued, start, end, seconds in rows:
             conn.execute(text("INSERT INTO task_instance VALUES ('etl', :r, :t, 'cpu-small', 'success', :s, "
-                              ":start, :end, :q, :m)"), {"r": run, "t": task, "s": seconds, "start": start,
-                                                         "end": end, "q": queued,
-                                                         "m": "execute_complete" if task == "sensor" else None})
+                              ":start, :end, :q, :m, -1, 1)"), {"r": run, "t": task, "s": seconds, "start": start,
+                                                                "end": end, "q": queued,
+                                                                "m": "execute_complete" if task == "sensor" else None})
+        # Airflow logs every start of a try: r2's resumed run waited 3 s in its pool's Celery queue
+        # (05:00:00 queued, 05:00:03 started, 05:00:04 done); r1's log rows were cleaned away
+        conn.execute(text("INSERT INTO log (dttm, dag_id, task_id, run_id, map_index, try_number, event) VALUES "
+                          "('2026-12-06 04:00:00.000000', 'etl', 'wait', 'r2', -1, 1, 'running'), "
+                          "('2026-12-06 05:00:03.000000', 'etl', 'wait', 'r2', -1, 1, 'running'), "
+                          "('2026-12-06 05:00:03.500000', 'etl', 'wait', 'r2', -1, 1, 'success')"))
     gb = GraphBuilder(pool_names=POOLS, default_queue="default", default_duration_s=60, history_ttl_s=300)
     with Session(engine) as session:
         got = gb._durations("etl", session)
     assert got["plain"] == [("cpu-small", 20.0, 2)]
-    assert got["wait"] == [("cpu-small", pytest.approx(3.0), 2)]
+    # r1: 2 s from its last queueing (no log row), r2: 1 s from its logged start (was 4 s from
+    # its queueing: the wait in the Celery queue counted as run time)
+    assert got["wait"] == [("cpu-small", pytest.approx(1.5), 2)]
     assert "sensor" not in got, "ended in the triggerer: no history (was: 3,600 s)"
 
 
@@ -230,6 +241,15 @@ def test_tasks_queued_to_the_executor_but_not_sent_are_not_running(monkeypatch: 
     assert batch.progress[0].running == ("sent",)
 
 
+def _try_columns() -> list[Any]:
+    """A try's identity columns as Airflow names them (one DAG run, one try, unless given)."""
+    from sqlalchemy import Column, Integer, String
+
+    return [Column("dag_id", String(250), default="etl"), Column("task_id", String(250), default="t"),
+            Column("run_id", String(250), default="r1"), Column("map_index", Integer, default=-1),
+            Column("try_number", Integer, default=1)]
+
+
 def test_started_reads_the_start_of_the_running_ones_only() -> None:
     import datetime as dt
     import uuid
@@ -241,26 +261,33 @@ def test_started_reads_the_start_of_the_running_ones_only() -> None:
     from airflow_drl_executor.graph_builder import GraphBuilder
 
     engine = create_engine("sqlite://")
-    table = Table("task_instance", MetaData(), Column("id", TaskInstance.__table__.c.id.type),
+    meta = MetaData()
+    table = Table("task_instance", meta, Column("id", TaskInstance.__table__.c.id.type),
                   Column("state", String(20)), Column("start_date", DateTime(timezone=True)),
-                  Column("queued_dttm", DateTime(timezone=True)))
-    table.create(engine)
+                  Column("queued_dttm", DateTime(timezone=True)), *_try_columns())
+    log = Table("log", meta, Column("dttm", DateTime(timezone=True)), Column("event", String(30)), *_try_columns())
+    meta.create_all(engine)
     run, wait, done, resumed = uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     t0 = dt.datetime(2026, 12, 6, 2, 0, tzinfo=dt.UTC)
     later = t0 + dt.timedelta(hours=1)
     with engine.begin() as conn:
-        conn.execute(insert(table), [{"id": run, "state": "running", "start_date": t0, "queued_dttm": t0},
-                                     {"id": wait, "state": "queued", "start_date": None, "queued_dttm": t0},
-                                     {"id": done, "state": "success", "start_date": t0, "queued_dttm": t0},
+        conn.execute(insert(table), [{"id": run, "state": "running", "start_date": t0, "queued_dttm": t0, "task_id": "a"},
+                                     {"id": wait, "state": "queued", "start_date": None, "queued_dttm": t0,
+                                      "task_id": "b"},
+                                     {"id": done, "state": "success", "start_date": t0, "queued_dttm": t0,
+                                      "task_id": "c"},
                                      # back from the triggerer: Airflow keeps its first start date
-                                     {"id": resumed, "state": "running", "start_date": t0, "queued_dttm": later}])
+                                     {"id": resumed, "state": "running", "start_date": t0, "queued_dttm": later,
+                                      "task_id": "wait"}])
+        conn.execute(insert(log), [{"dttm": later + dt.timedelta(seconds=30), "event": "running", "task_id": "wait"}])
     gb = GraphBuilder(pool_names=POOLS, default_queue="default", default_duration_s=60, history_ttl_s=300)
     with Session(engine) as session:
         got = gb.started(session, [str(run), str(wait), str(done), str(resumed), str(uuid.uuid4())])
     assert sorted(got) == sorted([str(run), str(resumed)])
     assert got[str(run)] == pytest.approx(t0.timestamp(), abs=1.0)
-    # was: its first start, an hour ago: the ledger took its slot to be freeing any moment
-    assert got[str(resumed)] == pytest.approx(later.timestamp(), abs=1.0)
+    # was: its first start, an hour ago: the ledger took its slot to be freeing any moment; its
+    # worker took it 30 s after it was queued again (Airflow's log)
+    assert got[str(resumed)] == pytest.approx(later.timestamp() + 30.0, abs=1.0)
 
 
 def test_a_mapped_task_group_is_joined_instance_by_instance() -> None:
