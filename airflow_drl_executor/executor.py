@@ -231,9 +231,16 @@ class DRLExecutor(CeleryExecutor):
                 workload_items = [w for w in workload_items if id(w) not in held]
         if workload_items:
             super()._process_workloads(workload_items)
+        from airflow.utils.state import TaskInstanceState
+
         # Only what Celery accepted was placed: a publish that timed out is retried (and placed
-        # anew) at the next heartbeat, one that failed fails the task; neither leaves a trace.
-        sent = [(key, rec) for key, rec in records if key in self.running]
+        # anew) at the next heartbeat (its key stays queued), one that failed fails the task;
+        # neither leaves a trace. Not "in running": a resumed deferral (or a sensor's next poke)
+        # can be queued before sync() has seen its previous message end, its key still running
+        # (found by review: a timed-out publish was recorded, with the previous message's id).
+        sent = [(key, rec) for key, rec in records
+                if key in self.running and key not in self.queued_tasks
+                and self.event_buffer.get(key, (None,))[0] != TaskInstanceState.FAILED]
         for key, _ in records:
             if key not in self.running:
                 self.ledger.drop(key)
@@ -500,6 +507,8 @@ class DRLExecutor(CeleryExecutor):
             if pool_state is not None:
                 run_s = self._run_s(pool_state, node)
                 self.ledger.add(key, decision.pool, str(w.ti.id), run_s, planner.start(decision.pool, run_s))
+                if self._started:  # a resumed deferral or a sensor's next poke: same ti id, not started yet
+                    self._started.pop(str(w.ti.id), None)
             records.append((key, traces.PlacementRecord(
                 ti_id=str(w.ti.id), dag_id=inst.dag_id, run_id=inst.run_id, task_id=inst.task_id,
                 map_index=inst.map_index,

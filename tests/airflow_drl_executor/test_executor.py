@@ -316,6 +316,40 @@ def test_only_what_celery_accepted_leaves_a_trace_and_a_ledger_entry(monkeypatch
     assert len(ex.ledger) == 1 and ex.ledger.pool_of(a.ti.key) == "cpu-large"
 
 
+def test_a_resumed_try_queued_before_its_first_message_ended_is_neither_recorded_unsent_nor_running(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Airflow 3.3 queues a resumed deferral (or a sensor's next poke) even while the executor
+    still has the key running from the try's previous message (base_executor.trigger_tasks).
+    was: its publish that timed out was recorded as placed ("in running"), and its start was the
+    one cached from the previous message: charged as running for an hour, while it waited"""
+    import airflow.executors.workloads as wl
+    from airflow.exceptions import AirflowTaskTimeout
+    from airflow.providers.celery.executors.celery_executor_utils import ExceptionWithTraceback
+
+    class Task(types.SimpleNamespace):
+        pass
+
+    monkeypatch.setattr(wl, "ExecuteTask", Task)
+    ex = DRLExecutor()
+    monkeypatch.setattr(ex.graph_builder, "build", lambda ready, session, not_sent=(), placed_before=None: Batch(
+        {RUN: GRAPH}, [], [ReadyTask(RUN, r.task_id) for r in ready]))
+    monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
+    written: list = []
+    monkeypatch.setattr(ex, "_record", written.extend)
+    timeout = ExceptionWithTraceback(AirflowTaskTimeout("publish timed out"), "tb")
+    monkeypatch.setattr(ex, "_send_workloads_to_celery", lambda tuples: [(k, None, timeout) for k, *_ in tuples])
+    ex._client = FakeClient(_reply({"a": "cpu-large"}))  # type: ignore[assignment]
+    a = Task(ti=_workload("a").ti)
+    ex.running.add(a.ti.key)  # the previous message, its end not synced yet
+    ex.ledger.add(a.ti.key, "cpu-large", str(a.ti.id), 10.0, 0.0)
+    ex._started = {str(a.ti.id): time.time() - 3600.0}  # it started an hour ago, then deferred
+    ex.queued_tasks[a.ti.key] = a  # type: ignore[index]
+    ex.trigger_tasks(8)
+    assert written == [], "not sent: no trace (was: one, with the previous message's Celery id)"
+    assert a.ti.key in ex.queued_tasks
+    assert str(a.ti.id) not in ex._started, "placed again: its start is read anew once it runs"
+
+
 def test_adoption_reschedules_what_was_never_sent_in_the_same_try_and_keeps_the_rest_in_the_ledger(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """After a scheduler restart: running tasks are adopted and count as busy on their pools; a
