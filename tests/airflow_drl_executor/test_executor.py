@@ -279,12 +279,11 @@ def test_tasks_held_for_a_better_pool_do_not_take_the_open_slots(monkeypatch: py
     assert [w.ti.task_id for w in ex.queued_tasks.values()] == ["g2"]
 
 
-def test_only_what_celery_accepted_leaves_a_trace_and_a_ledger_entry(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A publish that times out is retried at the next heartbeat (one trace, from the try that
-    was sent); one that fails fails the task and leaves neither a trace nor a ledger entry."""
+def _publishing_executor(monkeypatch: pytest.MonkeyPatch) -> tuple[DRLExecutor, type, list]:
+    """An executor whose placements go through CeleryExecutor's own publishing (its
+    ``_send_workloads_to_celery`` left to the test), the workload type its ``Task``, and the
+    trace records it writes."""
     import airflow.executors.workloads as wl
-    from airflow.exceptions import AirflowTaskTimeout
-    from airflow.providers.celery.executors.celery_executor_utils import ExceptionWithTraceback
 
     class Task(types.SimpleNamespace):
         pass
@@ -296,6 +295,16 @@ def test_only_what_celery_accepted_leaves_a_trace_and_a_ledger_entry(monkeypatch
     monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
     written: list = []
     monkeypatch.setattr(ex, "_record", written.extend)
+    return ex, Task, written
+
+
+def test_only_what_celery_accepted_leaves_a_trace_and_a_ledger_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A publish that times out is retried at the next heartbeat (one trace, from the try that
+    was sent); one that fails fails the task and leaves neither a trace nor a ledger entry."""
+    from airflow.exceptions import AirflowTaskTimeout
+    from airflow.providers.celery.executors.celery_executor_utils import ExceptionWithTraceback
+
+    ex, Task, written = _publishing_executor(monkeypatch)
     outcome: dict[str, object] = {"a": ExceptionWithTraceback(AirflowTaskTimeout("publish timed out"), "tb"),
                                   "b": ExceptionWithTraceback(RuntimeError("broker down"), "tb")}
 
@@ -322,20 +331,10 @@ def test_a_resumed_try_queued_before_its_first_message_ended_is_neither_recorded
     still has the key running from the try's previous message (base_executor.trigger_tasks).
     was: its publish that timed out was recorded as placed ("in running"), and its start was the
     one cached from the previous message: charged as running for an hour, while it waited"""
-    import airflow.executors.workloads as wl
     from airflow.exceptions import AirflowTaskTimeout
     from airflow.providers.celery.executors.celery_executor_utils import ExceptionWithTraceback
 
-    class Task(types.SimpleNamespace):
-        pass
-
-    monkeypatch.setattr(wl, "ExecuteTask", Task)
-    ex = DRLExecutor()
-    monkeypatch.setattr(ex.graph_builder, "build", lambda ready, session, not_sent=(), placed_before=None: Batch(
-        {RUN: GRAPH}, [], [ReadyTask(RUN, r.task_id) for r in ready]))
-    monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
-    written: list = []
-    monkeypatch.setattr(ex, "_record", written.extend)
+    ex, Task, written = _publishing_executor(monkeypatch)
     timeout = ExceptionWithTraceback(AirflowTaskTimeout("publish timed out"), "tb")
     monkeypatch.setattr(ex, "_send_workloads_to_celery", lambda tuples: [(k, None, timeout) for k, *_ in tuples])
     ex._client = FakeClient(_reply({"a": "cpu-large"}))  # type: ignore[assignment]
