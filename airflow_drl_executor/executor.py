@@ -229,6 +229,12 @@ class DRLExecutor(CeleryExecutor):
                 records, held = self._place(tasks, budget=budget)
             if held:
                 workload_items = [w for w in workload_items if id(w) not in held]
+        # A placement whose Celery id the scheduler pre-assigned (external_executor_id, the id
+        # apply_async is given) is written before the publish: a scheduler that dies between the
+        # publish and the write would leave a sent task without its row, and the next one's
+        # adoption would send it again (found by review). Unsent, its row is taken back below.
+        early = (self._record_before_send(records, {self._key(w): w for w in tasks})
+                 if records and self.drl_config.record_traces else {})
         if workload_items:
             super()._process_workloads(workload_items)
         from airflow.utils.state import TaskInstanceState
@@ -241,11 +247,15 @@ class DRLExecutor(CeleryExecutor):
         sent = [(key, rec) for key, rec in records
                 if key in self.running and key not in self.queued_tasks
                 and self.event_buffer.get(key, (None,))[0] != TaskInstanceState.FAILED]
+        accepted = {key for key, _ in sent}
         for key, _ in records:
-            if key not in self.running:
+            if key not in accepted:
                 self.ledger.drop(key)
-        if sent and self.drl_config.record_traces:
-            self._record(sent)
+        if early:
+            self._unrecord([celery_id for key, celery_id in early.items() if key not in accepted])
+        late = [(key, rec) for key, rec in sent if key not in early]
+        if late and self.drl_config.record_traces:
+            self._record(late)
 
     def _route_callbacks(self, callbacks: Sequence[Any]) -> None:
         """Send each callback (Airflow 3.2+: deadline and DAG callbacks run by the executor) to
@@ -635,6 +645,38 @@ class DRLExecutor(CeleryExecutor):
                     )
         except SQLAlchemyError as exc:
             self.log.error("DRLExecutor: could not record queues of %d task(s) in the DB: %s", len(tasks), exc)
+
+    def _record_before_send(self, records: Sequence[tuple[Any, traces.PlacementRecord]],
+                            by_key: Mapping[Any, Any]) -> dict[Any, str]:
+        """Write the placements whose workload (``by_key``) carries its pre-assigned Celery id;
+        key -> that id."""
+        now = datetime.datetime.now(datetime.UTC)
+        early: dict[Any, str] = {}
+        for key, rec in records:
+            workload = by_key.get(key)
+            celery_id = getattr(getattr(workload, "ti", None), "external_executor_id", None)
+            if celery_id:
+                early[key] = str(celery_id)
+                self._unwritten.append(_with_celery_id(rec, str(celery_id)).row(now))
+        if early:
+            self._flush_traces()
+        return early
+
+    def _unrecord(self, celery_ids: Sequence[str]) -> None:
+        """Take back the rows written before a publish that did not go (timed out: placed anew at
+        the next heartbeat; failed: the task fails)."""
+        if not celery_ids:
+            return
+        from airflow.utils.session import create_session
+
+        gone = set(celery_ids)
+        self._unwritten = [row for row in self._unwritten if row.get("celery_id") not in gone]
+        try:
+            with create_session(scoped=False) as session:
+                traces.forget(session.connection(), gone)
+        except SQLAlchemyError as exc:  # adoption may then watch the task as sent, as plain Celery does
+            self.log.warning("DRLExecutor: cannot take back the placements of %d unsent task(s): %s",
+                             len(gone), exc)
 
     def _record(self, records: Sequence[tuple[Any, traces.PlacementRecord]]) -> None:
         now = datetime.datetime.now(datetime.UTC)

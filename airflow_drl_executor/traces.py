@@ -157,6 +157,14 @@ def sent_celery_ids(conn: Connection, celery_ids: Collection[str]) -> set[str]:
     return out
 
 
+def forget(conn: Connection, celery_ids: Collection[str]) -> None:
+    """Delete the placements recorded under these Celery ids (written before a publish that did
+    not go)."""
+    ids = sorted(set(celery_ids))
+    for i in range(0, len(ids), 1000):  # bounded IN lists
+        conn.execute(placements.delete().where(placements.c.celery_id.in_(ids[i:i + 1000])))
+
+
 @dataclass(frozen=True)
 class LastPlacement:
     """A task instance's latest placement: which try, which pool, and whether its node was pinned

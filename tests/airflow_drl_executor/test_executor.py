@@ -7,6 +7,7 @@ import time
 import types
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -668,3 +669,63 @@ def test_the_airflow_pools_of_a_batch_are_read_from_the_metadata_db() -> None:
     with Session(engine) as session:
         got = AIRFLOW_POOLS(DRLExecutor().graph_builder, session, [str(i) for i in ids] + [uuid.uuid4()])
     assert got == {str(ids[1]): "api_rate_limit"}
+
+
+def test_a_placement_is_written_before_its_publish_and_taken_back_if_it_did_not_go(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """The scheduler pre-assigns each try's Celery id (external_executor_id, the id apply_async
+    gets). was: the row was written after the publish: a scheduler dying in between left a sent
+    task without its row, and the next scheduler's adoption sent it again"""
+    import contextlib
+
+    import airflow.executors.workloads as wl
+    import airflow.utils.session as airflow_session
+    from airflow.exceptions import AirflowTaskTimeout
+    from airflow.providers.celery.executors.celery_executor_utils import ExceptionWithTraceback
+    from sqlalchemy import create_engine, select
+    from sqlalchemy.orm import Session
+
+    from airflow_drl_executor import traces
+
+    class Task(types.SimpleNamespace):
+        pass
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'airflow.db'}")
+    traces.ensure_schema(engine)
+
+    @contextlib.contextmanager
+    def create_session(scoped=True):  # type: ignore[no-untyped-def]
+        with Session(engine) as session:
+            yield session
+            session.commit()
+    monkeypatch.setattr(airflow_session, "create_session", create_session)
+    monkeypatch.setattr(wl, "ExecuteTask", Task)
+    ex = DRLExecutor()
+    ex._traces_ready = True
+    monkeypatch.setattr(ex.graph_builder, "build", lambda ready, session, not_sent=(), placed_before=None: Batch(
+        {RUN: GRAPH}, [], [ReadyTask(RUN, r.task_id) for r in ready]))
+    monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
+
+    def rows() -> list[str]:
+        with engine.connect() as conn:
+            return list(conn.execute(select(traces.placements.c.celery_id)).scalars())
+
+    seen_at_publish: list[list[str]] = []
+    timeout = {"on": True}
+
+    def publish(tuples):  # type: ignore[no-untyped-def]
+        seen_at_publish.append(rows())
+        if timeout["on"]:
+            return [(k, None, ExceptionWithTraceback(AirflowTaskTimeout("publish timed out"), "tb")) for k, *_ in tuples]
+        return [(k, None, types.SimpleNamespace(task_id=w.ti.external_executor_id)) for k, w, *_ in tuples]
+    monkeypatch.setattr(ex, "_send_workloads_to_celery", publish)
+    ex._client = FakeClient(_reply({"a": "cpu-large"}))  # type: ignore[assignment]
+    a = Task(ti=_workload("a").ti)
+    a.ti.external_executor_id = "celery-a"
+    ex.queued_tasks[a.ti.key] = a  # type: ignore[index]
+    ex.trigger_tasks(8)
+    assert seen_at_publish == [["celery-a"]], "written before the publish"
+    assert rows() == [] and a.ti.key in ex.queued_tasks, "the publish timed out: taken back"
+    timeout["on"] = False
+    ex.trigger_tasks(8)
+    assert seen_at_publish[-1] == ["celery-a"] and rows() == ["celery-a"], "sent: one row, written before"
