@@ -66,6 +66,7 @@ from trainer.train import (
     imitate,
     settings_from,
 )
+from trainer.workloads import runnable
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,16 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
                                             "named_by": serving.source, "version": incumbent.version},
                               "replay": a.replay, "config": dataclasses.asdict(a), "promoted": False}
 
-    runs = read_replay(a.replay)
+    catalogue = load_catalogue(a.pools)
+    # as the simulator can run them: a pin no pool honours dropped, as production placed that task
+    # off its pin (found by a failing nightly run: "left 2 ready task(s) unplaced")
+    runs = []
+    for run in read_replay(a.replay):
+        graph, why = runnable(run.graph, catalogue.states())
+        if graph is None:
+            log.warning("finetune: run %s left out: %s", run.graph.run_key, why)
+        else:
+            runs.append(dataclasses.replace(run, graph=graph))
     report["recorded_runs"] = len(runs)
     if len(runs) < a.min_runs:
         report["decision"] = f"kept the incumbent: {len(runs)} recorded runs, fewer than --min-runs {a.min_runs}"
@@ -153,7 +163,6 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
                        premium_ratio_of(incumbent.manifest), cp_gate_of(incumbent.manifest),
                        cp_gate_scope_of(incumbent.manifest), len(incumbent.members) + 1)
     torch.manual_seed(a.seed)
-    catalogue = load_catalogue(a.pools)
     choose_teachers([training], catalogue, args)
 
     # trained in place, member by member for its share of the budget; the incumbent stays as loaded

@@ -88,6 +88,27 @@ def test_a_candidate_that_does_not_win_is_not_promoted(tmp_path: Path, registry:
     assert (registry / MANIFEST).read_text() == before
 
 
+def test_a_replayed_pin_no_pool_honours_does_not_stop_the_fine_tune(tmp_path: Path, registry: Path) -> None:
+    """A task pinned to a pool too small for it was placed off its pin in production. was: the
+    replay kept the pin, the simulator refused every decision for it, and the nightly fine-tune
+    stopped ("placer 'srpt+eft' left 2 ready task(s) unplaced"); a run whose task fits no pool at
+    all is left out"""
+    import dataclasses
+
+    from policy.replay import read_replay
+    from policy.schema import RunGraph, TaskNode
+
+    runs = read_replay(_replay(tmp_path, 8))
+    pinned = [dataclasses.replace(r, graph=RunGraph(r.graph.run_key, tuple(
+        dataclasses.replace(t, cpus=12.0, memory_gb=48.0, pool="cpu-small") if i == 0 else t
+        for i, t in enumerate(r.graph.tasks)), r.graph.edges)) for r in runs]
+    never = ReplayRun(RunGraph("etl/huge", (TaskNode("huge", cpus=10_000),), ()), 90.0)
+    path = tmp_path / "pinned.jsonl"
+    write_replay(path, [*pinned, never])
+    report = finetune(_args(tmp_path, registry, replay=str(path), min_improvement=-10.0))
+    assert report["recorded_runs"] == len(runs) and report["promoted"], report.get("decision")  # "huge" left out
+
+
 def test_too_few_traces_train_nothing(tmp_path: Path, registry: Path) -> None:
     report = finetune(_args(tmp_path, registry, min_runs=50))
     assert not report["promoted"] and "fewer than --min-runs" in report["decision"]
