@@ -48,6 +48,7 @@ from airflow_drl_executor.liveness import PoolWatch, celery_inspector
 from policy.catalogue import Catalogue, load_catalogue
 from policy.errors import PolicyError
 from policy.graph import view
+from policy.lru import LRU
 from policy.placement import EarliestFinishPlacer
 from policy.schema import Decision, PlacementRequest, PoolState, ReadyTask, RunGraph, RunProgress, TaskNode
 
@@ -59,6 +60,8 @@ log = logging.getLogger(__name__)
 #: trace rows kept for the next heartbeat while the metadata DB refuses them (a few hundred bytes
 #: each; 10,000 is minutes of a busy scheduler's placements)
 _UNWRITTEN_MAX = 10_000
+#: task instances whose last queue this executor remembers writing (a few MB at most)
+_WROTE_MAX = 50_000
 
 
 class DRLExecutor(CeleryExecutor):
@@ -97,6 +100,11 @@ class DRLExecutor(CeleryExecutor):
         self._traces_ready = False
         #: trace rows the metadata DB refused, written with the next ones (module _UNWRITTEN_MAX)
         self._unwritten: list[dict[str, Any]] = []
+        #: (dag id, run id, task id, map index) -> (the queue this executor last wrote for it,
+        #: whether that placement was pinned): its own choice, whatever became of the trace row (a
+        #: publish that did not go takes it back; found by review: the choice was then read as a
+        #: mutation hook's pin)
+        self._wrote: LRU[tuple[str, str, str, int], tuple[str, bool]] = LRU(_WROTE_MAX)
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -328,19 +336,27 @@ class DRLExecutor(CeleryExecutor):
         if not self.drl_config.record_traces:
             return None
         names = set(self.catalogue.names) - {self.default_queue}
-        keys = {(i.dag_id, i.run_id, i.task_id, i.map_index): (i.run_key, i.node) for i in ready if i.queue in names}
-        if not keys:
-            return {}
+        on_pool = [i for i in ready if i.queue in names]
+        out: dict[tuple[str, str], traces.LastPlacement] = {}
+        unknown = {}
+        for i in on_pool:  # what this executor wrote there itself, it knows (trace row or not)
+            wrote = self._wrote.get(_instance(i))
+            if wrote is not None and wrote[0] == i.queue:
+                out[(i.run_key, i.node)] = traces.LastPlacement(i.try_number, wrote[0], wrote[1])
+            else:
+                unknown[_instance(i)] = (i.run_key, i.node)
+        if not unknown:
+            return out
         try:
             with session.begin_nested():  # a failed read must not abort the heartbeat's transaction
                 conn = session.connection()
                 if not inspect(conn).has_table(traces.placements.name):
-                    return {}  # nothing placed yet (the table comes with the first trace)
-                found = traces.last_placements(conn, list(keys))
+                    return out  # nothing placed yet (the table comes with the first trace)
+                found = traces.last_placements(conn, list(unknown))
         except SQLAlchemyError as exc:
             self.log.warning("DRLExecutor: cannot read earlier placements (queues not read as pins): %s", exc)
             return None
-        return {keys[k]: last for k, last in found.items()}
+        return {**out, **{unknown[k]: last for k, last in found.items()}}
 
     def _others_running(self, session: Any) -> dict[str, list[float]]:
         """Each pool's running tasks that another scheduler sent (Airflow HA), as their expected
@@ -511,6 +527,7 @@ class DRLExecutor(CeleryExecutor):
             at = view(graph).index.get(inst.node) if graph is not None else None
             node = graph.tasks[at] if graph is not None and at is not None else stand_ins.get(
                 (inst.run_key, inst.node))
+            self._wrote.put(_instance(inst), (decision.pool, node is not None and node.pool == decision.pool))
             if node is not None:
                 features = node.to_json()
             pool_state = next((p for p in pools if p.name == decision.pool), None)
@@ -571,18 +588,27 @@ class DRLExecutor(CeleryExecutor):
         """Place tasks without their run's graph: each as a node built from its workload's own
         ``executor_config`` hints, queue and priority, by the fallback heuristic in one pass (so
         that the hard constraints hold and the batch spreads over the pools); each reason says why
-        (``alone``: instance, workload, why) and names the hints it ignored. Also the nodes."""
+        (``alone``: instance, workload, why) and names the hints it ignored. Also the nodes to
+        record: a pin read from the task instance's queue (a DAG's, a mutation hook's, or this
+        executor's own earlier choice: without the graph or the traces it cannot tell) is honoured
+        but not recorded as a pin (found by review: one heartbeat's DB error made the executor's
+        own choice a pin for every later try)."""
         nodes: dict[tuple[str, str], TaskNode] = {}
+        recorded: dict[tuple[str, str], TaskNode] = {}  # the node a placement's trace records
         why: dict[tuple[str, str], str] = {}
         for inst, w, reason in alone:
             key = (inst.run_key, inst.node)
             if key in nodes:
                 continue
+            wrote = self._wrote.get(_instance(inst))  # its queue is this executor's own choice: no pin
+            queue = self.default_queue if wrote is not None and wrote == (w.ti.queue, False) else str(w.ti.queue)
+            hints = drl_hints(getattr(w.ti, "executor_config", None))
             nodes[key], wrong = lenient_node(  # in the batch's (priority) order: graph_builder.task_node
-                inst.node, drl_hints(getattr(w.ti, "executor_config", None)), str(w.ti.queue),
-                duration_s=self.drl_config.default_duration_s, pool_names=self.catalogue.names,
-                default_queue=self.default_queue)
+                inst.node, hints, queue, duration_s=self.drl_config.default_duration_s,
+                pool_names=self.catalogue.names, default_queue=self.default_queue)
             why[key] = reason + "".join(f"; ignored: {p}" for p in wrong)
+            if "pool" not in hints:  # a pin read from the queue alone, honoured here but not recorded
+                recorded[key] = replace(nodes[key], pool=None)  # as one: it may be an earlier choice
         by_run: dict[str, list[TaskNode]] = {}
         for (run_key, _), node in nodes.items():
             by_run.setdefault(run_key, []).append(node)
@@ -591,7 +617,7 @@ class DRLExecutor(CeleryExecutor):
         placed = {(d.run_key, d.task_id): replace(d, reason=f"{why[(d.run_key, d.task_id)]}: {d.reason}",
                                                    fallback=True)
                   for d in self.fallback_placer.place(sub, graphs)}
-        return placed, nodes
+        return placed, {**nodes, **recorded}
 
     def _fallback(self, ready: Sequence[ReadyTask], pools: tuple[PoolState, ...],
                   graphs: Mapping[str, RunGraph], why: str, progress: tuple[RunProgress, ...] = ()
@@ -732,6 +758,11 @@ def _map_index(ti: Any) -> int:
     """A task instance's map index (-1: not mapped)."""
     m = getattr(ti, "map_index", None)
     return -1 if m is None else int(m)
+
+
+def _instance(inst: ReadyInstance) -> tuple[str, str, str, int]:
+    """A task instance's name across its tries (Airflow gives each try a new id)."""
+    return (inst.dag_id, inst.run_id, inst.task_id, inst.map_index)
 
 
 def _with_celery_id(rec: traces.PlacementRecord, celery_id: str) -> traces.PlacementRecord:

@@ -729,3 +729,104 @@ def test_a_placement_is_written_before_its_publish_and_taken_back_if_it_did_not_
     timeout["on"] = False
     ex.trigger_tasks(8)
     assert seen_at_publish[-1] == ["celery-a"] and rows() == ["celery-a"], "sent: one row, written before"
+
+
+def test_the_executors_own_choice_is_never_read_as_a_hook_pin(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """A publish that did not go takes its trace row back, and leaves the executor's choice in
+    the task instance's queue. was: the next heartbeat found a queue on a pool and no row, and
+    pinned the task there "by a task_instance_mutation_hook" (for every later try too)"""
+    from airflow.exceptions import AirflowTaskTimeout
+    from airflow.providers.celery.executors.celery_executor_utils import ExceptionWithTraceback
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from airflow_drl_executor import traces
+    from airflow_drl_executor.graph_builder import ReadyInstance
+
+    ex, Task, written = _publishing_executor(monkeypatch)
+    seen: list = []
+    monkeypatch.setattr(ex.graph_builder, "build", lambda ready, session, not_sent=(), placed_before=None: (
+        seen.append(placed_before), Batch({RUN: GRAPH}, [], [ReadyTask(RUN, r.task_id) for r in ready]))[1])
+    monkeypatch.setattr(ex, "_send_workloads_to_celery", lambda tuples: [
+        (k, None, ExceptionWithTraceback(AirflowTaskTimeout("publish timed out"), "tb")) for k, *_ in tuples])
+    ex._client = FakeClient(_reply({"a": "cpu-large"}))  # type: ignore[assignment]
+    a = Task(ti=_workload("a").ti)
+    ex.queued_tasks[a.ti.key] = a  # type: ignore[index]
+    engine = create_engine(f"sqlite:///{tmp_path / 'airflow.db'}")
+    traces.ensure_schema(engine)  # no row for it: the publish did not go
+    with Session(engine) as session:
+        ex.trigger_tasks(8)
+        assert a.ti.queue == "cpu-large" and written == []
+        inst = ReadyInstance("etl", "run1", "a", 1, "v", queue=a.ti.queue)
+        got = ex._placed_before(session, [inst])
+    assert got == {(RUN, "a"): traces.LastPlacement(1, "cpu-large", False)}, "its own, unpinned choice"
+
+
+def test_earlier_placements_are_read_from_the_traces_for_queues_on_pools(tmp_path: Any) -> None:
+    """What a fresh scheduler knows only from the trace rows (a pinned try, an unpinned one); a
+    queue that is not a pool is not looked up"""
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from airflow_drl_executor import traces
+    from airflow_drl_executor.graph_builder import ReadyInstance
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'airflow.db'}")
+    traces.ensure_schema(engine)
+
+    def record(task_id: str, pinned: bool) -> traces.PlacementRecord:
+        return traces.PlacementRecord(
+            ti_id=uuid.uuid4().hex, dag_id="etl", run_id="run1", task_id=task_id, map_index=-1, try_number=1,
+            pool="gpu", vm_class="gpu-a10", score=0.0, reason="r", fallback=False, policy="p", policy_version="1",
+            request_id="q", decision_ms=1.0, features={"pool": "gpu"} if pinned else {}, celery_id=None)
+    with engine.begin() as conn:
+        traces.write(conn, [record("hooked", True), record("free", False)])
+    ex = DRLExecutor()
+    ready = [ReadyInstance("etl", "run1", t, 2, "v", queue=q) for t, q in
+             (("hooked", "gpu"), ("free", "gpu"), ("new", "gpu"), ("own", "vpn_queue"))]
+    with Session(engine) as session:
+        got = ex._placed_before(session, ready)
+    assert got == {(RUN, "hooked"): traces.LastPlacement(1, "gpu", True),
+                   (RUN, "free"): traces.LastPlacement(1, "gpu", False)}
+    ex.drl_config = dataclasses.replace(ex.drl_config, record_traces=False)
+    with Session(engine) as session:
+        assert ex._placed_before(session, ready) is None, "no traces: no queue is read as a pin"
+
+
+def test_a_pin_read_from_the_queue_without_the_graph_is_honoured_but_not_recorded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the run's graph (a DB error for one heartbeat) the queue may be a DAG's pin, a
+    hook's, or the executor's own earlier choice. was: recorded as a pin, so that every later try
+    of the instance stayed on the executor's own earlier choice"""
+    from sqlalchemy.exc import OperationalError
+
+    ex = DRLExecutor()
+    monkeypatch.setattr(ex, "_set_queues", lambda tasks: None)
+
+    def broken(*a: Any, **k: Any) -> None:
+        raise OperationalError("SELECT", {}, Exception("server closed the connection"))
+    monkeypatch.setattr(ex.graph_builder, "build", broken)
+    ex._client = FakeClient(_reply({}))  # type: ignore[assignment]
+    w = _workload("t")
+    w.ti.try_number, w.ti.queue = 2, "cpu-large"
+    ((_, rec),), _ = ex._place([w])
+    assert rec.pool == "cpu-large" and rec.fallback, "honoured"
+    assert "pool" not in rec.features, "not recorded as a pin"
+
+
+def test_a_failed_publish_of_a_try_still_running_from_its_previous_message_leaves_no_trace(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed publish fails the task and drops its queued key; the key can still be in running
+    from the try's previous message (a resumed deferral, a sensor's next poke): not sent"""
+    from airflow.providers.celery.executors.celery_executor_utils import ExceptionWithTraceback
+
+    ex, Task, written = _publishing_executor(monkeypatch)
+    monkeypatch.setattr(ex, "_send_workloads_to_celery", lambda tuples: [
+        (k, None, ExceptionWithTraceback(RuntimeError("broker down"), "tb")) for k, *_ in tuples])
+    ex._client = FakeClient(_reply({"a": "cpu-large"}))  # type: ignore[assignment]
+    a = Task(ti=_workload("a").ti)
+    ex.running.add(a.ti.key)
+    ex.queued_tasks[a.ti.key] = a  # type: ignore[index]
+    ex.trigger_tasks(8)
+    assert ex.event_buffer[a.ti.key][0] == "failed" and a.ti.key not in ex.queued_tasks
+    assert written == [] and a.ti.key not in ex.ledger
