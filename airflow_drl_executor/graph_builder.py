@@ -395,18 +395,31 @@ class GraphBuilder:
         ).all()
         return {str(queue): int(n) for queue, n in rows}
 
-    def running_rows(self, session: Session) -> list[tuple[str, str, str, str, float]]:
-        """``(ti id, dag id, task id, pool, start on a worker)`` of the task instances running on
-        each pool, whichever scheduler sent them."""
+    def running_ids(self, session: Session) -> list[tuple[str, str]]:
+        """``(ti id, pool)`` of the task instances running on each pool, whichever scheduler sent
+        them (two columns: read at every heartbeat while another scheduler runs tasks)."""
         from airflow.models.taskinstance import TaskInstance as TI
         from sqlalchemy import select
 
         rows = session.execute(
-            select(TI.id, TI.queue, *_try_columns(TI)).where(TI.state == "running", TI.queue.in_(self.pool_names))
+            select(TI.id, TI.queue).where(TI.state == "running", TI.queue.in_(self.pool_names))
         ).all()
-        starts = _worker_start(session, [r[2:] for r in rows])
-        return [(uuid_text(r[0]), str(r[2]), str(r[3]), str(r[1]), starts[i]) for i, r in enumerate(rows)
-                if i in starts]
+        return [(uuid_text(ti_id), str(queue)) for ti_id, queue in rows]
+
+    def running_rows(self, session: Session, ti_ids: Sequence[str]) -> list[tuple[str, str, str, str, float]]:
+        """``(ti id, dag id, task id, pool, start on a worker)`` of these task instances that run."""
+        from airflow.models.taskinstance import TaskInstance as TI
+        from sqlalchemy import select
+
+        out: list[tuple[str, str, str, str, float]] = []
+        for ids in _id_chunks(ti_ids):
+            rows = session.execute(
+                select(TI.id, TI.queue, *_try_columns(TI)).where(TI.id.in_(ids), TI.state == "running")
+            ).all()
+            starts = _worker_start(session, [r[2:] for r in rows])
+            out.extend((uuid_text(r[0]), str(r[2]), str(r[3]), str(r[1]), starts[i]) for i, r in enumerate(rows)
+                       if i in starts)
+        return out
 
     def expected_run_s(self, dag_id: str, task_id: str, pool: str, session: Session) -> float:
         """Expected seconds of a try of ``task_id`` on ``pool`` from the DAG's history: its mean
@@ -550,12 +563,15 @@ def worker_starts(session: Session, tries: Collection[tuple[str, str, str, int, 
     runs: dict[tuple[str, str], set[str]] = {}
     for dag_id, task_id, run_id, _, _ in wanted:
         runs.setdefault((dag_id, run_id), set()).add(task_id)
-    rows = session.execute(
-        select(Log.dag_id, Log.task_id, Log.run_id, Log.map_index, Log.try_number, func.max(Log.dttm))
-        .where(Log.event == "running",
-               or_(*(and_(Log.dag_id == d, Log.run_id == r, Log.task_id.in_(sorted(t))) for (d, r), t in runs.items())))
-        .group_by(Log.dag_id, Log.task_id, Log.run_id, Log.map_index, Log.try_number)
-    ).all()
+    pairs = sorted(runs.items())
+    rows: list[Any] = []
+    for i in range(0, len(pairs), 200):  # bounded OR lists (SQLite's expression depth is 1,000)
+        rows.extend(session.execute(
+            select(Log.dag_id, Log.task_id, Log.run_id, Log.map_index, Log.try_number, func.max(Log.dttm))
+            .where(Log.event == "running", or_(*(and_(Log.dag_id == d, Log.run_id == r, Log.task_id.in_(sorted(t)))
+                                                 for (d, r), t in pairs[i:i + 200])))
+            .group_by(Log.dag_id, Log.task_id, Log.run_id, Log.map_index, Log.try_number)
+        ).all())
     out = {}
     for d, t, r, m, n, when in rows:
         key = (str(d), str(t), str(r), -1 if m is None else int(m), int(n or 0))

@@ -21,6 +21,7 @@ RUN = "etl/run1"
 RUNNING_BY_POOL = GraphBuilder.running_by_pool  # the queries, before the fixture below fakes them
 STARTED = GraphBuilder.started
 RUNNING_ROWS = GraphBuilder.running_rows
+RUNNING_IDS = GraphBuilder.running_ids
 AIRFLOW_POOLS = GraphBuilder.airflow_pools
 GRAPH = RunGraph(RUN, (TaskNode("a", duration_s=10), TaskNode("b", duration_s=10, gpus=1, kind="gpu_train")), ())
 
@@ -49,7 +50,8 @@ def _workload(task_id: str) -> types.SimpleNamespace:
 def _no_other_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
     """The metadata DB's running tasks are read by a query of its own (tested below)."""
     monkeypatch.setattr(GraphBuilder, "running_by_pool", lambda self, session: {})
-    monkeypatch.setattr(GraphBuilder, "running_rows", lambda self, session: [])
+    monkeypatch.setattr(GraphBuilder, "running_rows", lambda self, session, ti_ids: [])
+    monkeypatch.setattr(GraphBuilder, "running_ids", lambda self, session: [])
     monkeypatch.setattr(GraphBuilder, "started", lambda self, session, ti_ids: {})
     monkeypatch.setattr(GraphBuilder, "airflow_pools", lambda self, session, ti_ids: {})
 
@@ -515,11 +517,16 @@ def test_another_schedulers_running_tasks_are_charged_their_expected_finish(
                          {"id": uuid.uuid4().hex, "t": task, "q": queue, "s": state,
                           "start": start.strftime("%Y-%m-%d %H:%M:%S.%f")})
     with Session(engine) as session:
-        rows = RUNNING_ROWS(executor.graph_builder, session)
-    assert [(r[1], r[2], r[3]) for r in rows] == [("ml", "train", "gpu")] * 2, "running, on our pools"
+        ids = RUNNING_IDS(executor.graph_builder, session)
+        rows = RUNNING_ROWS(executor.graph_builder, session, [i for i, _ in ids] + [uuid.uuid4().hex])
+    assert [q for _, q in ids] == ["gpu", "gpu"], "running, on our pools"
+    assert [(r[1], r[2], r[3]) for r in rows] == [("ml", "train", "gpu")] * 2
     assert sorted(r[4] for r in rows) == pytest.approx([t0, t0 + 1], abs=0.01)
     monkeypatch.setattr(executor.graph_builder, "running_by_pool", lambda session: {"gpu": 2})
-    monkeypatch.setattr(executor.graph_builder, "running_rows", lambda session: rows)
+    monkeypatch.setattr(executor.graph_builder, "running_ids", lambda session: ids)
+    asked: list[list[str]] = []
+    monkeypatch.setattr(executor.graph_builder, "running_rows",
+                        lambda session, ti_ids: (asked.append(list(ti_ids)), [r for r in rows if r[0] in ti_ids])[1])
     monkeypatch.setattr(executor.graph_builder, "_durations",
                         lambda dag_id, session: {"train": [("gpu", 300.0, 4), ("cpu-small", 9000.0, 1)]})
     executor._client = FakeClient(_reply({"a": "cpu-small", "b": "gpu"}))  # type: ignore[assignment]
@@ -528,6 +535,9 @@ def test_another_schedulers_running_tasks_are_charged_their_expected_finish(
     assert gpu.busy == 2
     # their start + 300 s (their mean on the GPU pool); was: none (the slots free now)
     assert sorted(gpu.free_at) == pytest.approx([t0 + 300.0, t0 + 301.0], abs=0.01)
+    executor._place([_workload("a")])
+    assert len(asked) == 1, "their finishes are computed once, not at every heartbeat"
+    assert sorted(executor._others["gpu"]) == pytest.approx([t0 + 300.0, t0 + 301.0], abs=0.01)
 
 
 def test_each_instance_of_a_mapped_task_is_placed_on_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
