@@ -515,7 +515,8 @@ def queue_pin(inst: ReadyInstance, attempt: int, last: LastPlacement | None, poo
               default_queue: str) -> bool:
     """Whether ``inst``'s queue pins it to that pool (for a task its DAG does not pin). Airflow
     sets a task instance's queue from its task, then runs the ``task_instance_mutation_hook``, at
-    creation and at a clear (of a task not running); the executor writes its own choice there when
+    creation and at a clear (of a task not running), and runs the hook again on the run's task
+    instances when it verifies the run's integrity; the executor writes its own choice there when
     it places a try, and a retry, a resumed deferral, a sensor's next poke or a clear while running
     keep it. So the queue is the hook's when the instance was never placed (``last``, its latest
     placement of any try, None); the executor's own when it names the pool last placed on, a pin

@@ -148,7 +148,9 @@ def write_rows(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
 
 def sent_celery_ids(conn: Connection, celery_ids: Collection[str]) -> set[str]:
     """Of these Celery task ids, those with a placement recorded: the executor records a
-    placement only once Celery accepted the task (a task it held, or never got to, has none)."""
+    placement just before its publish and takes it back if the publish did not go (a task it
+    held, or never got to, has none; one whose scheduler died between the two is taken for sent,
+    as plain Celery takes it, and waits for ``task_queued_timeout`` at worst)."""
     out: set[str] = set()
     ids = sorted(set(celery_ids))
     for i in range(0, len(ids), 1000):  # bounded IN lists
