@@ -96,7 +96,7 @@ class DRLExecutor(CeleryExecutor):
         self._running_in_db: dict[str, int] | None = None
         #: pool -> expected finishes of the tasks running there that another scheduler sent
         self._others: dict[str, list[float]] = {}
-        self._others_finish: dict[str, float] = {}  # ti id -> expected finish, of those
+        self._others_finish: dict[tuple[str, str], float] = {}  # (ti id, queueing) -> expected finish
         self._started: dict[str, float] | None = None
         self._traces_ready = False
         #: trace rows the metadata DB refused, written with the next ones (module _UNWRITTEN_MAX)
@@ -241,7 +241,7 @@ class DRLExecutor(CeleryExecutor):
         # A placement whose Celery id the scheduler pre-assigned (external_executor_id, the id
         # apply_async is given) is written before the publish: a scheduler that dies between the
         # publish and the write would leave a sent task without its row, and the next one's
-        # adoption would send it again (found by review). Unsent, its row is taken back below.
+        # adoption would send it again (found by review). Unsent, its row is marked so below.
         early = (self._record_before_send(records, {self._key(w): w for w in tasks})
                  if records and self.drl_config.record_traces else {})
         if workload_items:
@@ -371,18 +371,20 @@ class DRLExecutor(CeleryExecutor):
         if not any(n > mine.get(pool, 0) for pool, n in in_db.items()):
             return {}
         ours = set(self.ledger.in_flight(self.running))
-        theirs = {ti_id: pool for ti_id, pool in self.graph_builder.running_ids(session) if ti_id not in ours}
-        # a running try's expected finish is computed once (found by review: every running row, its
-        # log rows and its history, at every heartbeat: 0.2-0.3 s at 10,000 running)
-        cache = {i: f for i, f in self._others_finish.items() if i in theirs}
-        new = [i for i in theirs if i not in cache]
+        theirs = {(ti_id, queued): pool for ti_id, pool, queued in self.graph_builder.running_ids(session)
+                  if ti_id not in ours}
+        # a running try's expected finish is computed once per queueing (found by review: every
+        # running row, its log rows and its history, at every heartbeat: 0.2-0.3 s at 10,000
+        # running; a resumed deferral or next poke keeps its id, not its queueing)
+        cache = {k: f for k, f in self._others_finish.items() if k in theirs}
+        new = {k[0]: k for k in theirs if k not in cache}
         if new:
-            for ti_id, dag_id, task_id, pool, start in self.graph_builder.running_rows(session, new):
-                cache[ti_id] = start + self.graph_builder.expected_run_s(dag_id, task_id, pool, session)
+            for ti_id, dag_id, task_id, pool, start in self.graph_builder.running_rows(session, list(new)):
+                cache[new[ti_id]] = start + self.graph_builder.expected_run_s(dag_id, task_id, pool, session)
         self._others_finish = cache
         out: dict[str, list[float]] = {}
-        for ti_id, finish in cache.items():
-            out.setdefault(theirs[ti_id], []).append(finish)
+        for k, finish in cache.items():
+            out.setdefault(theirs[k], []).append(finish)
         return out
 
     def _run_s(self, pool: PoolState, task: TaskNode | None) -> float:
@@ -483,8 +485,9 @@ class DRLExecutor(CeleryExecutor):
                   if inst.run_key in failed else unplaced)
                  for inst, w in zip(ready, tasks, strict=True) if (inst.run_key, inst.node) not in asked]
         stand_ins: dict[tuple[str, str], TaskNode] = {}
+        unsure: set[tuple[str, str]] = set()
         if alone:
-            own, stand_ins = self._place_alone(alone, pools)
+            own, stand_ins, unsure = self._place_alone(alone, pools)
             decisions.update(own)
         for key, why in ignored.items():
             if key in decisions:
@@ -535,7 +538,10 @@ class DRLExecutor(CeleryExecutor):
             at = view(graph).index.get(inst.node) if graph is not None else None
             node = graph.tasks[at] if graph is not None and at is not None else stand_ins.get(
                 (inst.run_key, inst.node))
-            self._wrote.put(_instance(inst), (decision.pool, node is not None and node.pool == decision.pool))
+            if (inst.run_key, inst.node) in unsure:
+                self._wrote.discard(_instance(inst))
+            else:
+                self._wrote.put(_instance(inst), (decision.pool, node is not None and node.pool == decision.pool))
             if node is not None:
                 features = node.to_json()
             pool_state = next((p for p in pools if p.name == decision.pool), None)
@@ -592,17 +598,20 @@ class DRLExecutor(CeleryExecutor):
                 for w in self.queued_tasks.values() if getattr(w, "ti", None) is not None}
 
     def _place_alone(self, alone: Sequence[tuple[ReadyInstance, Any, str]], pools: tuple[PoolState, ...]
-                     ) -> tuple[dict[tuple[str, str], Decision], dict[tuple[str, str], TaskNode]]:
+                     ) -> tuple[dict[tuple[str, str], Decision], dict[tuple[str, str], TaskNode],
+                                set[tuple[str, str]]]:
         """Place tasks without their run's graph: each as a node built from its workload's own
         ``executor_config`` hints, queue and priority, by the fallback heuristic in one pass (so
         that the hard constraints hold and the batch spreads over the pools); each reason says why
         (``alone``: instance, workload, why) and names the hints it ignored. Also the nodes to
-        record: a pin read from the task instance's queue (a DAG's, a mutation hook's, or this
-        executor's own earlier choice: without the graph or the traces it cannot tell) is honoured
-        but not recorded as a pin (found by review: one heartbeat's DB error made the executor's
-        own choice a pin for every later try)."""
+        record, and the tasks whose queue it could not tell. A pin read from the task instance's
+        queue (a DAG's, a mutation hook's, or this executor's own earlier choice: without the
+        graph it knows only what it remembers writing) is honoured but recorded as a pin only when
+        it remembers one there (found by review: one heartbeat's DB error made the executor's own
+        choice a pin for every later try; then, the other way, a known hook pin forgotten)."""
         nodes: dict[tuple[str, str], TaskNode] = {}
         recorded: dict[tuple[str, str], TaskNode] = {}  # the node a placement's trace records
+        unsure: set[tuple[str, str]] = set()  # whether its queue was a pin, it cannot tell
         why: dict[tuple[str, str], str] = {}
         for inst, w, reason in alone:
             key = (inst.run_key, inst.node)
@@ -615,8 +624,11 @@ class DRLExecutor(CeleryExecutor):
                 inst.node, hints, queue, duration_s=self.drl_config.default_duration_s,
                 pool_names=self.catalogue.names, default_queue=self.default_queue)
             why[key] = reason + "".join(f"; ignored: {p}" for p in wrong)
-            if "pool" not in hints:  # a pin read from the queue alone, honoured here but not recorded
-                recorded[key] = replace(nodes[key], pool=None)  # as one: it may be an earlier choice
+            if "pool" not in hints and wrote != (str(w.ti.queue), True):
+                # a pin read from the queue alone: honoured here, not recorded as one (it may be an
+                # earlier choice of this executor's), nor remembered either way
+                recorded[key] = replace(nodes[key], pool=None)
+                unsure.add(key)
         by_run: dict[str, list[TaskNode]] = {}
         for (run_key, _), node in nodes.items():
             by_run.setdefault(run_key, []).append(node)
@@ -625,7 +637,7 @@ class DRLExecutor(CeleryExecutor):
         placed = {(d.run_key, d.task_id): replace(d, reason=f"{why[(d.run_key, d.task_id)]}: {d.reason}",
                                                    fallback=True)
                   for d in self.fallback_placer.place(sub, graphs)}
-        return placed, {**nodes, **recorded}
+        return placed, {**nodes, **recorded}, unsure
 
     def _fallback(self, ready: Sequence[ReadyTask], pools: tuple[PoolState, ...],
                   graphs: Mapping[str, RunGraph], why: str, progress: tuple[RunProgress, ...] = ()
@@ -697,20 +709,21 @@ class DRLExecutor(CeleryExecutor):
         return early
 
     def _unrecord(self, celery_ids: Sequence[str]) -> None:
-        """Take back the rows written before a publish that did not go (timed out: placed anew at
-        the next heartbeat; failed: the task fails)."""
+        """Mark the rows written before a publish that did not go (timed out: placed anew at the
+        next heartbeat; failed: the task fails) as not sent (:func:`traces.not_sent`)."""
         if not celery_ids:
             return
         from airflow.utils.session import create_session
 
         gone = set(celery_ids)
-        self._unwritten = [row for row in self._unwritten if row.get("celery_id") not in gone]
+        for row in self._unwritten:
+            if row.get("celery_id") in gone:
+                row.update(celery_id=None, reason=str(row.get("reason", "")) + traces.NOT_SENT)
         try:
             with create_session(scoped=False) as session:
-                traces.forget(session.connection(), gone)
+                traces.not_sent(session.connection(), gone)
         except SQLAlchemyError as exc:  # adoption may then watch the task as sent, as plain Celery does
-            self.log.warning("DRLExecutor: cannot take back the placements of %d unsent task(s): %s",
-                             len(gone), exc)
+            self.log.warning("DRLExecutor: cannot mark the placements of %d unsent task(s): %s", len(gone), exc)
 
     def _record(self, records: Sequence[tuple[Any, traces.PlacementRecord]]) -> None:
         now = datetime.datetime.now(datetime.UTC)

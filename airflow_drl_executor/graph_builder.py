@@ -395,16 +395,17 @@ class GraphBuilder:
         ).all()
         return {str(queue): int(n) for queue, n in rows}
 
-    def running_ids(self, session: Session) -> list[tuple[str, str]]:
-        """``(ti id, pool)`` of the task instances running on each pool, whichever scheduler sent
-        them (two columns: read at every heartbeat while another scheduler runs tasks)."""
+    def running_ids(self, session: Session) -> list[tuple[str, str, str]]:
+        """``(ti id, pool, last queueing)`` of the task instances running on each pool, whichever
+        scheduler sent them (read at every heartbeat while another scheduler runs tasks; the
+        queueing tells a resumed deferral or a sensor's next poke, same id, from the run before)."""
         from airflow.models.taskinstance import TaskInstance as TI
         from sqlalchemy import select
 
         rows = session.execute(
-            select(TI.id, TI.queue).where(TI.state == "running", TI.queue.in_(self.pool_names))
+            select(TI.id, TI.queue, TI.queued_dttm).where(TI.state == "running", TI.queue.in_(self.pool_names))
         ).all()
-        return [(uuid_text(ti_id), str(queue)) for ti_id, queue in rows]
+        return [(uuid_text(ti_id), str(queue), str(queued)) for ti_id, queue, queued in rows]
 
     def running_rows(self, session: Session, ti_ids: Sequence[str]) -> list[tuple[str, str, str, str, float]]:
         """``(ti id, dag id, task id, pool, start on a worker)`` of these task instances that run."""

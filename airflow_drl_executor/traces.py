@@ -148,8 +148,8 @@ def write_rows(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
 
 def sent_celery_ids(conn: Connection, celery_ids: Collection[str]) -> set[str]:
     """Of these Celery task ids, those with a placement recorded: the executor records a
-    placement just before its publish and takes it back if the publish did not go (a task it
-    held, or never got to, has none; one whose scheduler died between the two is taken for sent,
+    placement just before its publish and clears its Celery id if the publish did not go (a task
+    it held, or never got to, has none; one whose scheduler died between the two is taken for sent,
     as plain Celery takes it, and waits for ``task_queued_timeout`` at worst)."""
     out: set[str] = set()
     ids = sorted(set(celery_ids))
@@ -159,12 +159,20 @@ def sent_celery_ids(conn: Connection, celery_ids: Collection[str]) -> set[str]:
     return out
 
 
-def forget(conn: Connection, celery_ids: Collection[str]) -> None:
-    """Delete the placements recorded under these Celery ids (written before a publish that did
-    not go)."""
+#: the end of the reason of a placement whose publish did not go
+NOT_SENT = " [not sent: the publish did not go]"
+
+
+def not_sent(conn: Connection, celery_ids: Collection[str]) -> None:
+    """Mark the placements recorded under these Celery ids (written before a publish that did not
+    go) as not sent: no Celery id (adoption then never takes the task for sent), the reason saying
+    so. Kept, not deleted: the row still tells that the task instance's queue is this executor's
+    choice (found by review: deleted, a restarted or another HA scheduler read that queue as a
+    mutation hook's pin)."""
     ids = sorted(set(celery_ids))
     for i in range(0, len(ids), 1000):  # bounded IN lists
-        conn.execute(placements.delete().where(placements.c.celery_id.in_(ids[i:i + 1000])))
+        conn.execute(placements.update().where(placements.c.celery_id.in_(ids[i:i + 1000]))
+                     .values(celery_id=None, reason=placements.c.reason + NOT_SENT))
 
 
 @dataclass(frozen=True)

@@ -140,14 +140,15 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
     catalogue = load_catalogue(a.pools)
     # as the simulator can run them: a pin no pool honours dropped, as production placed that task
     # off its pin (found by a failing nightly run: "left 2 ready task(s) unplaced")
-    runs = []
+    runs, left_out = [], 0
     for run in read_replay(a.replay):
         graph, why = runnable(run.graph, catalogue.states())
         if graph is None:
             log.warning("finetune: run %s left out: %s", run.graph.run_key, why)
+            left_out += 1
         else:
             runs.append(dataclasses.replace(run, graph=graph))
-    report["recorded_runs"] = len(runs)
+    report["recorded_runs"], report["left_out_runs"] = len(runs), left_out  # recorded: the runnable ones
     if len(runs) < a.min_runs:
         report["decision"] = f"kept the incumbent: {len(runs)} recorded runs, fewer than --min-runs {a.min_runs}"
         return _finish(report, out, t0)

@@ -518,8 +518,8 @@ def test_another_schedulers_running_tasks_are_charged_their_expected_finish(
                           "start": start.strftime("%Y-%m-%d %H:%M:%S.%f")})
     with Session(engine) as session:
         ids = RUNNING_IDS(executor.graph_builder, session)
-        rows = RUNNING_ROWS(executor.graph_builder, session, [i for i, _ in ids] + [uuid.uuid4().hex])
-    assert [q for _, q in ids] == ["gpu", "gpu"], "running, on our pools"
+        rows = RUNNING_ROWS(executor.graph_builder, session, [i for i, _, _ in ids] + [uuid.uuid4().hex])
+    assert [q for _, q, _ in ids] == ["gpu", "gpu"], "running, on our pools"
     assert [(r[1], r[2], r[3]) for r in rows] == [("ml", "train", "gpu")] * 2
     assert sorted(r[4] for r in rows) == pytest.approx([t0, t0 + 1], abs=0.01)
     monkeypatch.setattr(executor.graph_builder, "running_by_pool", lambda session: {"gpu": 2})
@@ -538,6 +538,13 @@ def test_another_schedulers_running_tasks_are_charged_their_expected_finish(
     executor._place([_workload("a")])
     assert len(asked) == 1, "their finishes are computed once, not at every heartbeat"
     assert sorted(executor._others["gpu"]) == pytest.approx([t0 + 300.0, t0 + 301.0], abs=0.01)
+    # the first one deferred and resumed (same ti id, queued again): read anew
+    again = [(ids[0][0], "gpu", "later"), ids[1]]
+    rows[0] = (*rows[0][:4], t0 + 600.0)
+    monkeypatch.setattr(executor.graph_builder, "running_ids", lambda session: again)
+    executor._place([_workload("a")])
+    assert asked[-1] == [ids[0][0]]
+    assert sorted(executor._others["gpu"]) == pytest.approx([t0 + 301.0, t0 + 900.0], abs=0.01)
 
 
 def test_each_instance_of_a_mapped_task_is_placed_on_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -735,10 +742,16 @@ def test_a_placement_is_written_before_its_publish_and_taken_back_if_it_did_not_
     ex.queued_tasks[a.ti.key] = a  # type: ignore[index]
     ex.trigger_tasks(8)
     assert seen_at_publish == [["celery-a"]], "written before the publish"
-    assert rows() == [] and a.ti.key in ex.queued_tasks, "the publish timed out: taken back"
+    # the publish timed out: kept without its Celery id (never taken for sent), saying so; was
+    # deleted, and a restarted scheduler then read the queue, this executor's choice, as a pin
+    assert rows() == [None] and a.ti.key in ex.queued_tasks
+    with engine.connect() as conn:
+        assert conn.execute(select(traces.placements.c.reason)).scalar().endswith(traces.NOT_SENT)
+        assert traces.sent_celery_ids(conn, ["celery-a"]) == set()
+        assert traces.last_placements(conn, [("etl", "run1", "a", -1)])[("etl", "run1", "a", -1)].pool == "cpu-large"
     timeout["on"] = False
     ex.trigger_tasks(8)
-    assert seen_at_publish[-1] == ["celery-a"] and rows() == ["celery-a"], "sent: one row, written before"
+    assert seen_at_publish[-1] == [None, "celery-a"] and rows() == [None, "celery-a"], "sent: its row written before"
 
 
 def test_the_executors_own_choice_is_never_read_as_a_hook_pin(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
@@ -822,6 +835,14 @@ def test_a_pin_read_from_the_queue_without_the_graph_is_honoured_but_not_recorde
     ((_, rec),), _ = ex._place([w])
     assert rec.pool == "cpu-large" and rec.fallback, "honoured"
     assert "pool" not in rec.features, "not recorded as a pin"
+    assert ex._wrote.get(("etl", "run1", "t", -1)) is None, "nor remembered either way: it cannot tell"
+    # a pin it remembers (a hook's, honoured with the graph at an earlier try) stays one
+    hooked = _workload("h")
+    hooked.ti.try_number, hooked.ti.queue = 2, "gpu"
+    ex._wrote.put(("etl", "run1", "h", -1), ("gpu", True))
+    ((_, rec),), _ = ex._place([hooked])
+    assert rec.pool == "gpu" and rec.features.get("pool") == "gpu"
+    assert ex._wrote.get(("etl", "run1", "h", -1)) == ("gpu", True)
 
 
 def test_a_failed_publish_of_a_try_still_running_from_its_previous_message_leaves_no_trace(

@@ -106,7 +106,8 @@ def test_a_replayed_pin_no_pool_honours_does_not_stop_the_fine_tune(tmp_path: Pa
     path = tmp_path / "pinned.jsonl"
     write_replay(path, [*pinned, never])
     report = finetune(_args(tmp_path, registry, replay=str(path), min_improvement=-10.0))
-    assert report["recorded_runs"] == len(runs) and report["promoted"], report.get("decision")  # "huge" left out
+    assert report["recorded_runs"] == len(runs) and report["promoted"], report.get("decision")
+    assert report["left_out_runs"] == 1, "huge: fits no pool"
 
 
 def test_too_few_traces_train_nothing(tmp_path: Path, registry: Path) -> None:
