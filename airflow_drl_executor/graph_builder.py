@@ -424,13 +424,17 @@ class GraphBuilder:
 
     def expected_run_s(self, dag_id: str, task_id: str, pool: str, session: Session) -> float:
         """Expected seconds of a try of ``task_id`` on ``pool`` from the DAG's history: its mean
-        there, else its mean wherever it ran, else the default duration (no serialized DAG read:
-        the hints and kind of a task another scheduler sent are not at hand)."""
+        there, else its mean wherever it ran brought to that pool's speed (as a task of the default
+        kind: no serialized DAG is read, the hints and kind of a task another scheduler sent are
+        not at hand), else the default duration."""
         observed = self._durations(dag_id, session).get(task_id, [])
-        there = [(q, mean, n) for q, mean, n in observed if q == pool] or observed
-        if not there:
+        there = [(q, mean, n) for q, mean, n in observed if q == pool]
+        if there:
+            return sum(mean * n for _, mean, n in there) / max(sum(n for _, _, n in there), 1)
+        if not observed:
             return self.default_duration_s
-        return sum(mean * n for _, mean, n in there) / max(sum(n for _, _, n in there), 1)
+        speed = self.vm_classes[pool].speed_for("default") if pool in self.vm_classes else 1.0
+        return self.at_speed_one(observed, "default") / max(speed, 1e-3)
 
     def started(self, session: Session, ti_ids: Sequence[str]) -> dict[str, float]:
         """Of these task instances (ids), the ones running, with their start on a worker (epoch

@@ -415,3 +415,21 @@ def test_a_mutation_hooks_pin_is_in_the_batchs_graph_only(monkeypatch: pytest.Mo
     assert batch.graphs["etl/r1"].digest != cached.digest, "sent again, not referenced"
     unpinned = gb.build([_inst("cpu-large")], None, placed_before=None)  # type: ignore[arg-type]
     assert unpinned.queue_pins == {} and unpinned.graphs["etl/r1"].tasks[0].pool is None, "no traces: no pin"
+
+
+def test_another_schedulers_task_is_expected_to_take_its_time_on_that_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its mean on that pool; else its mean elsewhere brought to that pool's speed (was: the raw
+    mean of a faster or slower pool); else the default duration"""
+    from airflow_drl_executor.config import packaged_catalogue
+    from airflow_drl_executor.graph_builder import GraphBuilder
+    from policy.catalogue import load_catalogue
+
+    catalogue = load_catalogue(packaged_catalogue())
+    gb = GraphBuilder(pool_names=catalogue.names, default_queue="default", default_duration_s=60, history_ttl_s=300,
+                      vm_classes={p.name: p.vm_class for p in catalogue.pools})
+    monkeypatch.setattr(gb, "_durations", lambda dag_id, session: {"t": [("cpu-large", 10.0, 3)],
+                                                                   "u": [("cpu-small", 30.0, 1)]})
+    large, small = (gb.vm_classes[p].speed_for("default") for p in ("cpu-large", "cpu-small"))
+    assert gb.expected_run_s("d", "t", "cpu-large", None) == pytest.approx(10.0)  # type: ignore[arg-type]
+    assert gb.expected_run_s("d", "t", "cpu-small", None) == pytest.approx(10.0 * large / small)  # type: ignore[arg-type]
+    assert gb.expected_run_s("d", "new", "cpu-small", None) == 60.0  # type: ignore[arg-type]
