@@ -102,8 +102,8 @@ class DRLExecutor(CeleryExecutor):
         #: trace rows the metadata DB refused, written with the next ones (module _UNWRITTEN_MAX)
         self._unwritten: list[dict[str, Any]] = []
         #: (dag id, run id, task id, map index) -> (the queue this executor last wrote for it,
-        #: whether that placement was pinned): its own choice, whatever became of the trace row (a
-        #: publish that did not go takes it back; found by review: the choice was then read as a
+        #: whether that placement was pinned): its own choice, known without the trace rows (found
+        #: by review: when a publish that did not go took its row back, the choice was read as a
         #: mutation hook's pin)
         self._wrote: LRU[tuple[str, str, str, int], tuple[str, bool]] = LRU(_WROTE_MAX)
 

@@ -84,13 +84,14 @@ def export_runs(session: Session, catalogue: Catalogue, *, since: dt.datetime, u
     # a try resumed from deferral: its run after the trigger fired, from its last start (Airflow's
     # log), as the graph builder's history counts it (was: from its first start, the wait in the
     # triggerer counted as run time)
-    keys = [(r["dag_id"], r["task_id"], r["run_id"], r["map_index"], r["try_number"])
-            for rows in by_run.values() for r in rows
-            if r["queued_dttm"] and r["start_date"] and r["queued_dttm"] > r["start_date"]]
-    logged = worker_starts(session, keys)
-    for rows in by_run.values():
-        for r in rows:
-            r["logged_start"] = logged.get((r["dag_id"], r["task_id"], r["run_id"], r["map_index"], r["try_number"]))
+    def try_of(r: Mapping[str, Any]) -> tuple[str, str, str, int, int]:
+        return (r["dag_id"], r["task_id"], r["run_id"], r["map_index"], r["try_number"])
+
+    every = [r for rows in by_run.values() for r in rows]
+    logged = worker_starts(session, [try_of(r) for r in every if r["queued_dttm"] and r["start_date"]
+                                     and r["queued_dttm"] > r["start_date"]])
+    for r in every:
+        r["logged_start"] = logged.get(try_of(r))
     vms = {p.name: p.vm_class for p in catalogue.pools}
     builder = GraphBuilder(pool_names=catalogue.names, default_queue="default", default_duration_s=60.0,
                            history_ttl_s=0, vm_classes=vms)

@@ -226,15 +226,18 @@ class GraphBuilder:
             if inst.task_id in problems[inst.run_key]:
                 ignored[key] = problems[inst.run_key][inst.task_id]
             if key not in tasks:
-                if inst.run_key not in retries:
-                    structure = self.structure(newest[inst.run_key].dag_version_id, session)  # cached by _graph
-                    retries[inst.run_key] = dict(zip(structure.task_ids, structure.retries, strict=False))
-                n = attempt(inst.try_number, max_tries.get(key), retries[inst.run_key].get(inst.task_id))
+                n = inst.try_number
+                if key in max_tries:  # a try past the first: a retry, or the first since a clear
+                    if inst.run_key not in retries:
+                        structure = self.structure(newest[inst.run_key].dag_version_id, session)  # cached by _graph
+                        retries[inst.run_key] = dict(zip(structure.task_ids, structure.retries, strict=False))
+                    n = attempt(inst.try_number, max_tries[key], retries[inst.run_key].get(inst.task_id))
                 tasks[key] = ReadyTask(run_key=inst.run_key, task_id=inst.node, try_number=n)
-                node = graphs[inst.run_key].tasks[view(graphs[inst.run_key]).index[inst.node]]
-                if placed_before is not None and node.pool is None and queue_pin(
+                if placed_before is not None and queue_pin(
                         inst, n, placed_before.get(key), self.pool_names, self.default_queue):
-                    pins[key] = inst.queue
+                    graph = graphs[inst.run_key]
+                    if graph.tasks[view(graph).index[inst.node]].pool is None:  # not pinned by its DAG
+                        pins[key] = inst.queue
         progress = _progress(rows, self._run_ages(runs, session))
         # The ready tasks, and the others queued to the executor and not sent to Celery (``not_sent``:
         # held, or not offered for want of a slot), are "queued" in the database but not
@@ -591,10 +594,17 @@ def worker_seconds(start: dt.datetime, end: dt.datetime, queued: dt.datetime | N
     """Seconds a finished try held its worker slot: ``end - start``; for a try resumed from
     deferral (queued again after it started: Airflow keeps its first start date), from its last
     start on a worker (``logged``, :func:`worker_starts`), else from its last queueing."""
+    return (_utc(end) - worker_begin(start, queued, logged)).total_seconds()
+
+
+def worker_begin(start: dt.datetime, queued: dt.datetime | None, logged: dt.datetime | None = None) -> dt.datetime:
+    """When a try last took its worker slot: its start date; for a try resumed from deferral
+    (queued again after it started), its last start on a worker (``logged``), else its last
+    queueing."""
     begin = _utc(start)
     if queued is not None and _utc(queued) > begin:
         begin = max(_utc(queued), logged or _utc(queued))
-    return (_utc(end) - begin).total_seconds()
+    return begin
 
 
 def _utc(when: dt.datetime) -> dt.datetime:
@@ -614,15 +624,8 @@ def _worker_start(session: Session, rows: Sequence[Sequence[Any]]) -> dict[int, 
     else its last queueing. None (left out) without a start date."""
     resumed = [tuple(r[:5]) for r in rows if r[5] is not None and r[6] is not None and _utc(r[6]) > _utc(r[5])]
     logged = worker_starts(session, resumed) if resumed else {}
-    out: dict[int, float] = {}
-    for i, (dag_id, task_id, run_id, map_index, try_number, start, queued) in enumerate(rows):
-        if start is None:
-            continue
-        at = _utc(start)
-        if queued is not None and _utc(queued) > at:
-            at = max(_utc(queued), logged.get((dag_id, task_id, run_id, map_index, try_number), _utc(queued)))
-        out[i] = at.timestamp()
-    return out
+    return {i: worker_begin(r[5], r[6], logged.get(tuple(r[:5]))).timestamp()
+            for i, r in enumerate(rows) if r[5] is not None}
 
 
 def uuid_text(value: object) -> str:

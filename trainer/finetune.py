@@ -54,7 +54,6 @@ from policy.errors import CheckpointError
 from policy.gnn import cp_gate_of, cp_gate_scope_of, premium_ratio_of, reserve_busy_of
 from policy.inputs import untrained_since
 from policy.registry import ModelRegistry, ServingCheckpoint, activate, activation_lock, checkpoint_sha256
-from policy.replay import read_replay
 from trainer.train import (
     METRIC,
     Args,
@@ -66,7 +65,7 @@ from trainer.train import (
     imitate,
     settings_from,
 )
-from trainer.workloads import runnable
+from trainer.workloads import read_runnable
 
 log = logging.getLogger(__name__)
 
@@ -140,14 +139,8 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
     catalogue = load_catalogue(a.pools)
     # as the simulator can run them: a pin no pool honours dropped, as production placed that task
     # off its pin (found by a failing nightly run: "left 2 ready task(s) unplaced")
-    runs, left_out = [], 0
-    for run in read_replay(a.replay):
-        graph, why = runnable(run.graph, catalogue.states())
-        if graph is None:
-            log.warning("finetune: run %s left out: %s", run.graph.run_key, why)
-            left_out += 1
-        else:
-            runs.append(dataclasses.replace(run, graph=graph))
+    kept, left_out = read_runnable(a.replay, catalogue)
+    runs = [run for _, run in kept]
     report["recorded_runs"], report["left_out_runs"] = len(runs), left_out  # recorded: the runnable ones
     if len(runs) < a.min_runs:
         report["decision"] = f"kept the incumbent: {len(runs)} recorded runs, fewer than --min-runs {a.min_runs}"

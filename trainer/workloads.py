@@ -31,6 +31,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from policy.catalogue import Catalogue
+from policy.replay import ReplayRun, read_replay
 from policy.schema import PoolState, RunGraph, TaskNode
 from trainer.bounds import critical_path_lb
 from trainer.simulator import Job
@@ -248,24 +249,33 @@ REPLAY_PREFIX = "replay:"
 def replay_jobs(path: str | Path, catalogue: Catalogue, sla_factor: float = 2.0) -> list[Job]:
     """The recorded runs of a replay file (:mod:`policy.replay`, e.g. exported from production
     traces) as jobs arriving at their recorded times, each with its recorded graph and durations."""
-    from policy.replay import read_replay
-
-    runs = read_replay(path)
-    if not runs:
+    kept, left_out = read_runnable(path, catalogue)
+    if not kept and not left_out:
         raise ValueError(f"{path}: the replay file holds no runs")
     jobs = []
-    pools = catalogue.states()
-    for j, run in enumerate(runs):
-        graph, why = runnable(run.graph, pools)
-        if graph is None:
-            log.warning("%s: run %s left out: %s", path, run.graph.run_key, why)
-            continue
-        lb = critical_path_lb(graph, catalogue)
-        g = with_run_key(graph, f"{graph.run_key}#{j}")
+    for j, run in kept:
+        lb = critical_path_lb(run.graph, catalogue)
+        g = with_run_key(run.graph, f"{run.graph.run_key}#{j}")
         jobs.append(Job(g, run.arrival_s, run.arrival_s + sla_factor * lb))
     if not jobs:
         raise ValueError(f"{path}: no run of the replay file can run on these pools")
     return jobs
+
+
+def read_runnable(path: str | Path, catalogue: Catalogue) -> tuple[list[tuple[int, ReplayRun]], int]:
+    """The runs of a replay file (in arrival order) as the simulator can run them on
+    ``catalogue``'s pools (:func:`runnable`), each with its place in the file; and how many were
+    left out (each logged)."""
+    pools = catalogue.states()
+    kept, left_out = [], 0
+    for j, run in enumerate(read_replay(path)):
+        graph, why = runnable(run.graph, pools)
+        if graph is None:
+            log.warning("%s: run %s left out: %s", path, run.graph.run_key, why)
+            left_out += 1
+        else:
+            kept.append((j, dataclasses.replace(run, graph=graph)))
+    return kept, left_out
 
 
 def runnable(graph: RunGraph, pools: Sequence[PoolState]) -> tuple[RunGraph | None, str]:
