@@ -374,8 +374,8 @@ class DRLExecutor(CeleryExecutor):
         theirs = {(ti_id, queued): pool for ti_id, pool, queued in self.graph_builder.running_ids(session)
                   if ti_id not in ours}
         # a running try's expected finish is computed once per queueing (found by review: every
-        # running row, its log rows and its history, at every heartbeat: 0.2-0.3 s at 10,000
-        # running; a resumed deferral or next poke keeps its id, not its queueing)
+        # running row, its log rows and its history, at every heartbeat, a cost growing with the
+        # tasks running; a resumed deferral or next poke keeps its id, not its queueing)
         cache = {k: f for k, f in self._others_finish.items() if k in theirs}
         new = {k[0]: k for k in theirs if k not in cache}
         if new:

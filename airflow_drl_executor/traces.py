@@ -68,7 +68,7 @@ placements = Table(
     Column("features", Text, nullable=False),
     Column("decided_at", DateTime(timezone=True), nullable=False, index=True),
     # the placements page's filters: one DAG's or one run's placements, latest first; one pool's
-    # or one task's (was: a table scan for each, 123 ms at a million rows for a pool's typo)
+    # or one task's (was: a table scan for each, found by review)
     Index("ix_drl_placement_dag_run", "dag_id", "run_id"),
     Index("ix_drl_placement_pool", "pool", "id"),
     Index("ix_drl_placement_task", "task_id", "id"),
