@@ -99,6 +99,15 @@ OPTIONS: dict[str, tuple[str, str | None, str]] = {
         "True",
         "Record every placement in the drl_placement table (training traces and the UI's placements page).",
     ),
+    "spool_dir": (
+        "string",
+        None,
+        "Directory where placement rows the metadata database refuses (a failover) wait on local disk "
+        "until it takes them. A scheduler that dies meanwhile leaves them to the next DRLExecutor "
+        "started with the same directory, whose adoption reads them to know those tasks were sent to "
+        "Celery. Keep it on a volume that outlives the scheduler's container. "
+        "Default: $AIRFLOW_HOME/drl_executor/spool.",
+    ),
 }
 
 
@@ -123,6 +132,7 @@ class ExecutorConfig:
     pool_check_interval_s: float = 30.0
     pool_check_timeout_s: float = 2.0
     record_traces: bool = True
+    spool_dir: str = ""
 
     def __post_init__(self) -> None:
         if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):

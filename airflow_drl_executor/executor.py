@@ -45,6 +45,8 @@ from airflow_drl_executor.graph_builder import (
 )
 from airflow_drl_executor.ledger import Ledger
 from airflow_drl_executor.liveness import PoolWatch, celery_inspector
+from airflow_drl_executor.spool import Spool
+from airflow_drl_executor.spool import default_dir as spool_default_dir
 from policy.catalogue import Catalogue, load_catalogue
 from policy.errors import PolicyError
 from policy.graph import view
@@ -101,6 +103,8 @@ class DRLExecutor(CeleryExecutor):
         self._traces_ready = False
         #: trace rows the metadata DB refused, written with the next ones (module _UNWRITTEN_MAX)
         self._unwritten: list[dict[str, Any]] = []
+        #: the same rows on local disk, for the next scheduler if this one dies (started by start())
+        self._spool: Spool | None = None
         #: (dag id, run id, task id, map index) -> (the queue this executor last wrote for it,
         #: whether that placement was pinned): its own choice, known without the trace rows (found
         #: by review: when a publish that did not go took its row back, the choice was read as a
@@ -120,6 +124,8 @@ class DRLExecutor(CeleryExecutor):
             stale_after_s=cfg.server_stale_after_s,
             backoff_max_s=cfg.reconnect_backoff_max_s,
         )
+        if cfg.record_traces:
+            self._open_spool()
         if cfg.pool_check_interval_s > 0:
             self._pool_watch = PoolWatch(celery_inspector(self.celery_app, cfg.pool_check_timeout_s),
                                          self.catalogue.names, interval_s=cfg.pool_check_interval_s)
@@ -141,6 +147,8 @@ class DRLExecutor(CeleryExecutor):
 
     def end(self, synchronous: bool = False) -> None:
         self._flush_traces()
+        if self._spool is not None:  # rows still unwritten stay in its file for the next executor
+            self._spool.close()
         if self._pool_watch is not None:
             self._pool_watch.stop()
         if self._client is not None:
@@ -188,6 +196,10 @@ class DRLExecutor(CeleryExecutor):
         queued = [ti for ti in tis if ti.state == TaskInstanceState.QUEUED and not self._routed_elsewhere(ti)]
         if not queued or not self.drl_config.record_traces:
             return set()
+        # rows not in the DB yet: a dead scheduler's on this host (its spool), or this one's
+        self._adopt_spooled()
+        self._flush_traces()
+        unwritten = {str(row["celery_id"]) for row in self._unwritten if row.get("celery_id")}
         try:
             # a session of its own (every DB access of this executor): create_session() hands back
             # the thread's scoped session, here the scheduler's adoption session, and would commit
@@ -202,6 +214,7 @@ class DRLExecutor(CeleryExecutor):
         except SQLAlchemyError as exc:
             self.log.warning("DRLExecutor: cannot read placements to adopt tasks: %s", exc)
             return set()
+        sent |= unwritten
         return {id(ti) for ti in queued if not ti.external_executor_id or str(ti.external_executor_id) not in sent}
 
     # --- placement -------------------------------------------------------------------------------
@@ -716,9 +729,13 @@ class DRLExecutor(CeleryExecutor):
         from airflow.utils.session import create_session
 
         gone = set(celery_ids)
+        changed = False
         for row in self._unwritten:
             if row.get("celery_id") in gone:
                 row.update(celery_id=None, reason=str(row.get("reason", "")) + traces.NOT_SENT)
+                changed = True
+        if changed:
+            self._keep()
         try:
             with create_session(scoped=False) as session:
                 traces.not_sent(session.connection(), gone)
@@ -757,8 +774,46 @@ class DRLExecutor(CeleryExecutor):
                 self.log.error("DRLExecutor: lost %d placement trace(s), the oldest not written: %s", lost, exc)
             self.log.warning("DRLExecutor: %d placement trace(s) not written, retried at the next heartbeat: %s",
                              len(self._unwritten), exc)
+            self._keep()
             return
         self._unwritten.clear()
+        self._keep()
+
+    def _keep(self) -> None:
+        """Save the unwritten rows to this executor's spool (none: its file goes); once saved, the
+        files of dead executors whose rows these include are deleted."""
+        if self._spool is None:
+            return
+        try:
+            self._spool.save(self._unwritten)
+        except OSError as exc:  # the dead executors' files stay until then
+            self.log.error("DRLExecutor: %d unwritten placement(s) not saved to %s either (kept in memory): %s",
+                           len(self._unwritten), self._spool.dir, exc)
+            return
+        self._spool.release()
+
+    def _open_spool(self) -> None:
+        """This executor's spool (module :mod:`.spool`), and the rows dead executors left there."""
+        where = self.drl_config.spool_dir or spool_default_dir()
+        try:
+            self._spool = Spool(where)
+        except OSError as exc:  # rows the DB refuses then wait in memory only
+            self.log.error("DRLExecutor: no spool for unwritten placements in %s: %s", where, exc)
+            return
+        self._adopt_spooled()
+
+    def _adopt_spooled(self) -> None:
+        """Take over the rows a dead executor left in the spool directory: written with this one's,
+        so a restarted scheduler's adoption knows those tasks were sent (module :mod:`.spool`)."""
+        if self._spool is None:
+            return
+        rows = self._spool.adopt_orphans()
+        self._unwritten = rows + self._unwritten
+        self._keep()
+        if rows:
+            self.log.warning("DRLExecutor: %d placement(s) a stopped scheduler could not write taken over from %s",
+                             len(rows), self._spool.dir)
+            self._flush_traces()
 
 
 def _reschedule(tis: Sequence[Any]) -> None:

@@ -10,6 +10,7 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from policy import server
@@ -122,3 +123,15 @@ def test_every_airflow_container_shares_one_fernet_key() -> None:
     (key,) = keys
     default = key.split(":-", 1)[1].rstrip("}")  # ${AIRFLOW_FERNET_KEY:-...}
     Fernet(default.encode())  # a valid key
+
+
+def test_the_schedulers_spool_outlives_its_container(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Placements the metadata DB refused wait in the spool (airflow_drl_executor/spool.py) for
+    the next scheduler: in the container's own filesystem a recreate would lose them."""
+    from airflow_drl_executor.spool import default_dir
+
+    dockerfile = (REPO / "docker" / "Dockerfile.airflow").read_text()
+    monkeypatch.setenv("AIRFLOW_HOME", re.search(r"AIRFLOW_HOME=(\S+)", dockerfile).group(1))
+    mounts = {m.split(":")[1]: m.split(":")[0] for m in COMPOSE["services"]["scheduler"].get("volumes", [])}
+    assert mounts.get(str(default_dir())) in COMPOSE["volumes"], f"{default_dir()}: not on a named volume"
+    assert str(default_dir()) in dockerfile, "made in the image, owned by airflow (a new volume takes its owner)"

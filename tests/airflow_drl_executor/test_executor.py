@@ -623,11 +623,14 @@ def test_start_times_are_read_once_per_try(executor: DRLExecutor, monkeypatch: p
     assert asked == [["run-1", "run-2", "wait-1"], ["wait-1"]], "a start seen once is not asked again"
 
 
-def test_traces_the_database_refuses_are_written_at_a_later_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_traces_the_database_refuses_are_written_at_a_later_heartbeat(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Any) -> None:
     """was: one DB error (a failover) lost the rows for good, and the traces are what adoption
     reads after a restart to tell a task sent to Celery from one never sent: a sent task without
     its row would have been rescheduled while Celery ran it. Now they are kept, with the time they
-    were decided, and retried at every heartbeat (sync), the oldest dropped past the bound."""
+    were decided, and retried at every heartbeat (sync), the oldest dropped past the bound; and
+    saved to the spool meanwhile (a scheduler killed then leaves them to the next one:
+    test_adoption_airflow.py), the spool's file gone once the DB took them."""
     import contextlib
 
     import airflow.utils.session as airflow_session
@@ -650,7 +653,10 @@ def test_traces_the_database_refuses_are_written_at_a_later_heartbeat(monkeypatc
 
     monkeypatch.setattr(airflow_session, "create_session", create_session)
     monkeypatch.setattr(executor_mod.CeleryExecutor, "sync", lambda self: None)
+    monkeypatch.setenv("AIRFLOW__DRL_EXECUTOR__SPOOL_DIR", str(tmp_path))
     ex = DRLExecutor()
+    ex._open_spool()
+    assert ex._spool is not None
     ex._traces_ready = True
     rec = traces.PlacementRecord(
         ti_id=uuid.uuid4().hex, dag_id="etl", run_id="run1", task_id="a", map_index=-1, try_number=1, pool="gpu",
@@ -660,7 +666,9 @@ def test_traces_the_database_refuses_are_written_at_a_later_heartbeat(monkeypatc
     ex._record([(("etl", "a"), rec)])
     ex.sync()  # the DB still refuses: kept
     assert len(ex._unwritten) == 1
+    assert '"celery_id": "celery-a"' in ex._spool.data.read_text(), "on disk too"
     ex.sync()
+    assert not ex._spool.data.exists(), "written: the spool's file goes"
     with engine.connect() as conn:
         rows = conn.execute(select(traces.placements.c.celery_id, traces.placements.c.decided_at)).all()
     assert [r.celery_id for r in rows] == ["celery-a"] and ex._unwritten == []

@@ -1,7 +1,8 @@
 """Airflow 3.3's own adopt_or_reset_orphaned_tasks with DRLExecutor, on a migrated metadata DB
 (run by tests/airflow_drl_executor/test_adoption_airflow.py in a private AIRFLOW_HOME): a dead
-scheduler left three task instances on a pool: one held (never sent to Celery), one sent (its
-placement recorded with its Celery id), one running. Prints a JSON line of what became of them."""
+scheduler left four task instances on a pool: one held (never sent to Celery), one sent (its
+placement recorded with its Celery id), one sent while the DB refused its row (in the dead
+executor's spool: die_with_unwritten.py), one running. Prints a JSON line of what became of them."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ with engine.begin() as c:
     c.execute(text("INSERT INTO job (id, job_type, state, latest_heartbeat, start_date) "
                    "VALUES (1, 'SchedulerJob', 'running', :o, :o)"), {"o": old})
     for task, state, celery_id in (("held", "queued", "E-held"), ("sent", "queued", "E-sent"),
-                                   ("run", "running", "E-run")):
+                                   ("spooled", "queued", "E-spooled"), ("run", "running", "E-run")):
         c.execute(text("INSERT INTO task_instance (id, task_id, dag_id, run_id, map_index, try_number, max_tries, "
                        "pool, pool_slots, span_status, state, queue, queued_by_job_id, external_executor_id, "
                        "priority_weight, queued_dttm) VALUES (:id, :t, 'etl', 'run1', -1, 1, 0, 'default_pool', 1, "
@@ -47,6 +48,7 @@ with engine.begin() as c:
         request_id="q", decision_ms=1.0, features={}, celery_id="E-sent")])
 
 executor = DRLExecutor()
+executor._open_spool()  # what start() does
 executor.bulk_state_fetcher = types.SimpleNamespace(get_many=lambda rs: {r.task_id: ("PENDING", None) for r in rs})
 with create_session() as s:
     job = Job(job_type="SchedulerJob", state="running")
@@ -61,5 +63,9 @@ except Exception as exc:  # noqa: BLE001 - reported, the test asserts there was 
     error = f"{type(exc).__name__}: {exc}"[:300]
 with engine.connect() as c:
     states = {t: [s, q] for t, s, q in c.execute(text("SELECT task_id, state, queued_by_job_id FROM task_instance"))}
-print(json.dumps({"error": error, "states": states, "new_job": job.id,
-                  "adopted": sorted(k[1] for k in executor.running)}))
+    recorded = sorted(r[0] for r in c.execute(text("SELECT celery_id FROM drl_placement")))
+spool = executor._spool.dir if executor._spool else None
+print(json.dumps({"error": error, "states": states, "new_job": job.id, "recorded": recorded,
+                  "adopted": sorted(k[1] for k in executor.running),
+                  "spool_files": sorted(p.name for p in spool.iterdir()) if spool else None,
+                  "own_spool": executor._spool.name if executor._spool else None}))
