@@ -392,8 +392,8 @@ class DRLExecutor(CeleryExecutor):
         cache = {k: f for k, f in self._others_finish.items() if k in theirs}
         new = {k[0]: k for k in theirs if k not in cache}
         if new:
-            for ti_id, dag_id, task_id, pool, start in self.graph_builder.running_rows(session, list(new)):
-                cache[new[ti_id]] = start + self.graph_builder.expected_run_s(dag_id, task_id, pool, session)
+            for ti_id, dag_id, task_id, pool, start, version in self.graph_builder.running_rows(session, list(new)):
+                cache[new[ti_id]] = start + self.graph_builder.expected_run_s(dag_id, task_id, pool, session, version)
         self._others_finish = cache
         out: dict[str, list[float]] = {}
         for k, finish in cache.items():

@@ -410,34 +410,58 @@ class GraphBuilder:
         ).all()
         return [(uuid_text(ti_id), str(queue), str(queued)) for ti_id, queue, queued in rows]
 
-    def running_rows(self, session: Session, ti_ids: Sequence[str]) -> list[tuple[str, str, str, str, float]]:
-        """``(ti id, dag id, task id, pool, start on a worker)`` of these task instances that run."""
+    def running_rows(self, session: Session, ti_ids: Sequence[str]
+                     ) -> list[tuple[str, str, str, str, float, str | None]]:
+        """``(ti id, dag id, task id, pool, start on a worker, DAG version id)`` of these task
+        instances that run."""
         from airflow.models.taskinstance import TaskInstance as TI
         from sqlalchemy import select
 
-        out: list[tuple[str, str, str, str, float]] = []
+        out: list[tuple[str, str, str, str, float, str | None]] = []
         for ids in _id_chunks(ti_ids):
             rows = session.execute(
-                select(TI.id, TI.queue, *_try_columns(TI)).where(TI.id.in_(ids), TI.state == "running")
+                select(TI.id, TI.queue, TI.dag_version_id, *_try_columns(TI))
+                .where(TI.id.in_(ids), TI.state == "running")
             ).all()
-            starts = _worker_start(session, [r[2:] for r in rows])
-            out.extend((uuid_text(r[0]), str(r[2]), str(r[3]), str(r[1]), starts[i]) for i, r in enumerate(rows)
-                       if i in starts)
+            starts = _worker_start(session, [r[3:] for r in rows])
+            out.extend((uuid_text(r[0]), str(r[3]), str(r[4]), str(r[1]), starts[i],
+                        None if r[2] is None else uuid_text(r[2])) for i, r in enumerate(rows) if i in starts)
         return out
 
-    def expected_run_s(self, dag_id: str, task_id: str, pool: str, session: Session) -> float:
+    def expected_run_s(self, dag_id: str, task_id: str, pool: str, session: Session,
+                       version_id: str | None = None) -> float:
         """Expected seconds of a try of ``task_id`` on ``pool`` from the DAG's history: its mean
-        there, else its mean wherever it ran brought to that pool's speed (as a task of the default
-        kind: no serialized DAG is read, the hints and kind of a task another scheduler sent are
-        not at hand), else the default duration."""
+        there, else its mean wherever it ran brought to that pool's speed for the task's kind,
+        else its declared duration (its ``duration_s`` hint, or the default) at that speed. The
+        kind and hints are read from DAG version ``version_id`` (cached per version, as the
+        graphs'; was: every task taken for the default kind, so a GPU task's 30 min on the GPU
+        pool, seen elsewhere, was converted at a CPU task's speed ratio)."""
+        node = self._declared(version_id, task_id, session)
         observed = self._durations(dag_id, session).get(task_id, [])
         there = [(q, mean, n) for q, mean, n in observed if q == pool]
         if there:
             return sum(mean * n for _, mean, n in there) / max(sum(n for _, _, n in there), 1)
-        if not observed:
-            return self.default_duration_s
-        speed = self.vm_classes[pool].speed_for("default") if pool in self.vm_classes else 1.0
-        return self.at_speed_one(observed, "default") / max(speed, 1e-3)
+        speed = self.vm_classes[pool].speed_for(node.kind) if pool in self.vm_classes else 1.0
+        at_one = self.at_speed_one(observed, node.kind) if observed else node.duration_s
+        return at_one / max(speed, 1e-3)
+
+    def _declared(self, version_id: str | None, task_id: str, session: Session) -> TaskNode:
+        """``task_id``'s node as its DAG version declares it (kind, hinted duration at speed 1); a
+        task of the default kind and duration when the version or the task cannot be read."""
+        default = TaskNode(task_id=task_id, duration_s=self.default_duration_s)
+        if not version_id:
+            return default
+        try:
+            structure = self.structure(version_id, session)
+        except PolicyError as exc:
+            log.info("DRLExecutor: %s of DAG version %s taken for a default task: %s", task_id, version_id, exc)
+            return default
+        if task_id not in structure.task_ids:
+            return default
+        i = structure.task_ids.index(task_id)
+        node, _ = lenient_node(task_id, structure.hints[i], structure.queues[i], duration_s=self.default_duration_s,
+                               pool_names=self.pool_names, default_queue=self.default_queue)
+        return node
 
     def started(self, session: Session, ti_ids: Sequence[str]) -> dict[str, float]:
         """Of these task instances (ids), the ones running, with their start on a worker (epoch

@@ -508,7 +508,7 @@ def test_another_schedulers_running_tasks_are_charged_their_expected_finish(
     with engine.begin() as conn:
         conn.execute(text("CREATE TABLE task_instance (id CHAR(32), dag_id TEXT, task_id TEXT, queue TEXT, "
                           "state TEXT, start_date TIMESTAMP, queued_dttm TIMESTAMP, run_id TEXT DEFAULT 'r', "
-                          "map_index INTEGER DEFAULT -1, try_number INTEGER DEFAULT 1)"))
+                          "map_index INTEGER DEFAULT -1, try_number INTEGER DEFAULT 1, dag_version_id CHAR(32))"))
         for i, (task, queue, state) in enumerate([("train", "gpu", "running"), ("train", "gpu", "running"),
                                                   ("x", "gpu", "queued"), ("y", "default", "running")]):
             start = dt.datetime.fromtimestamp(t0 + i, tz=dt.UTC).replace(tzinfo=None)
@@ -540,7 +540,7 @@ def test_another_schedulers_running_tasks_are_charged_their_expected_finish(
     assert sorted(executor._others["gpu"]) == pytest.approx([t0 + 300.0, t0 + 301.0], abs=0.01)
     # the first one deferred and resumed (same ti id, queued again): read anew
     again = [(ids[0][0], "gpu", "later"), ids[1]]
-    rows[0] = (*rows[0][:4], t0 + 600.0)
+    rows[0] = (*rows[0][:4], t0 + 600.0, rows[0][5])
     monkeypatch.setattr(executor.graph_builder, "running_ids", lambda session: again)
     executor._place([_workload("a")])
     assert asked[-1] == [ids[0][0]]

@@ -419,7 +419,8 @@ def test_a_mutation_hooks_pin_is_in_the_batchs_graph_only(monkeypatch: pytest.Mo
 
 def test_another_schedulers_task_is_expected_to_take_its_time_on_that_pool(monkeypatch: pytest.MonkeyPatch) -> None:
     """Its mean on that pool; else its mean elsewhere brought to that pool's speed (was: the raw
-    mean of a faster or slower pool); else the default duration"""
+    mean of a faster or slower pool) for its kind (was: every task converted as the default kind,
+    from the DAG version it runs); else its declared duration (hint or default) at that speed"""
     from airflow_drl_executor.config import packaged_catalogue
     from airflow_drl_executor.graph_builder import GraphBuilder
     from policy.catalogue import load_catalogue
@@ -432,4 +433,18 @@ def test_another_schedulers_task_is_expected_to_take_its_time_on_that_pool(monke
     large, small = (gb.vm_classes[p].speed_for("default") for p in ("cpu-large", "cpu-small"))
     assert gb.expected_run_s("d", "t", "cpu-large", None) == pytest.approx(10.0)  # type: ignore[arg-type]
     assert gb.expected_run_s("d", "t", "cpu-small", None) == pytest.approx(10.0 * large / small)  # type: ignore[arg-type]
-    assert gb.expected_run_s("d", "new", "cpu-small", None) == 60.0  # type: ignore[arg-type]
+    assert gb.expected_run_s("d", "new", "cpu-small", None) == pytest.approx(60.0 / small)  # type: ignore[arg-type]
+    from airflow_drl_executor.graph_builder import _Structure
+
+    structure = _Structure(task_ids=("fit", "new", "t"), edges=(), queues=("default",) * 3,
+                           hints=({"kind": "gpu_train"}, {"duration_s": 120, "kind": "gpu_train"}, {}))
+    monkeypatch.setattr(gb, "structure", lambda version_id, session: structure)
+    monkeypatch.setattr(gb, "_durations", lambda dag_id, session: {"fit": [("gpu", 10.0, 2)]})
+    gpu, cpu = gb.vm_classes["gpu"].speed_for("gpu_train"), gb.vm_classes["cpu-large"].speed_for("gpu_train")
+    assert gpu / cpu > 5, "the demo catalogue's GPU affinity"
+    # 10 s on the GPU pool is gpu / cpu x 10 s on a CPU pool for a gpu_train task; as a task of
+    # the default kind it was 1.5 / 2 x 10 s
+    assert gb.expected_run_s("d", "fit", "cpu-large", None, "v1") == pytest.approx(10.0 * gpu / cpu)  # type: ignore[arg-type]
+    assert gb.expected_run_s("d", "new", "gpu", None, "v1") == pytest.approx(120.0 / gpu)  # type: ignore[arg-type]
+    assert gb.expected_run_s("d", "gone", "gpu", None, "v1") == pytest.approx(60.0 / gb.vm_classes["gpu"].speed_for(
+        "default")), "a task not in that version: default"  # type: ignore[arg-type]
