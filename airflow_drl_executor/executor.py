@@ -32,7 +32,7 @@ from airflow.providers.celery.executors.celery_executor import CeleryExecutor
 from sqlalchemy import inspect
 from sqlalchemy.exc import SQLAlchemyError
 
-from airflow_drl_executor import traces
+from airflow_drl_executor import metrics, traces
 from airflow_drl_executor.client import PlacementClient, PlacementUnavailable
 from airflow_drl_executor.config import ExecutorConfig
 from airflow_drl_executor.graph_builder import (
@@ -270,6 +270,7 @@ class DRLExecutor(CeleryExecutor):
                 if key in self.running and key not in self.queued_tasks
                 and self.event_buffer.get(key, (None,))[0] != TaskInstanceState.FAILED]
         accepted = {key for key, _ in sent}
+        metrics.sent(rec for _, rec in sent)
         for key, _ in records:
             if key not in accepted:
                 self.ledger.drop(key)
@@ -580,6 +581,7 @@ class DRLExecutor(CeleryExecutor):
             self.log.debug("DRLExecutor: request %s: %d task(s) wait for a better pool", request_id, len(held))
         if placed:
             self._set_queues(placed)
+        metrics.placement_step(decision_ms, held=len(self._held_since), pools_down=sum(not p.up for p in pools))
         return records, held | late
 
     def _airflow_pools(self, undecided: Sequence[Any]) -> dict[str, str]:
@@ -775,9 +777,11 @@ class DRLExecutor(CeleryExecutor):
             self.log.warning("DRLExecutor: %d placement trace(s) not written, retried at the next heartbeat: %s",
                              len(self._unwritten), exc)
             self._keep()
+            metrics.unwritten(len(self._unwritten))
             return
         self._unwritten.clear()
         self._keep()
+        metrics.unwritten(0)
 
     def _keep(self) -> None:
         """Save the unwritten rows to this executor's spool (none: its file goes); once saved, the

@@ -9,7 +9,9 @@
 Everything lives in one state folder (``DRL_STACK_DIR``, default ``.stack`` in the repo): the
 database cluster, Airflow's home, secrets, pid files and ``logs/``, one log per service. Ports
 come from ``DRL_PG_PORT``, ``DRL_REDIS_PORT``, ``DRL_API_PORT``, ``DRL_METRICS_PORT`` and
-``DRL_WORKER_LOG_PORT`` (the first of three consecutive ports). PostgreSQL runs as the
+``DRL_WORKER_LOG_PORT`` (the first of three consecutive ports); with ``DRL_STATSD_PORT`` set,
+Airflow's metrics (the executor's ``drl_executor.*`` among them) go to a StatsD daemon on that
+UDP port of 127.0.0.1. PostgreSQL runs as the
 ``postgres`` system user (initdb refuses root); every service listens on 127.0.0.1 only, and
 Redis and PostgreSQL require passwords generated at first start.
 """
@@ -51,6 +53,8 @@ class Ports:
     api: int
     metrics: int
     worker_logs: int
+    #: UDP port of a StatsD daemon on 127.0.0.1 that Airflow's metrics go to; 0: metrics off
+    statsd: int = 0
 
     @classmethod
     def from_env(cls) -> Ports:
@@ -60,6 +64,7 @@ class Ports:
             api=int(os.environ.get("DRL_API_PORT", "28080")),
             metrics=int(os.environ.get("DRL_METRICS_PORT", "29100")),
             worker_logs=int(os.environ.get("DRL_WORKER_LOG_PORT", "28793")),
+            statsd=int(os.environ.get("DRL_STATSD_PORT", "0")),
         )
 
 
@@ -140,6 +145,9 @@ class Stack:
             "DRL_REGISTRY_DIR": str(self.state / "registry"),
             "DRL_TRACES_DIR": str(self.state / "traces"),
         })
+        if self.ports.statsd:
+            env.update({"AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+                        "AIRFLOW__METRICS__STATSD_PORT": str(self.ports.statsd)})
         return env
 
     # --- process bookkeeping --------------------------------------------------------------------

@@ -869,3 +869,77 @@ def test_a_failed_publish_of_a_try_still_running_from_its_previous_message_leave
     ex.trigger_tasks(8)
     assert ex.event_buffer[a.ti.key][0] == "failed" and a.ti.key not in ex.queued_tasks
     assert written == [] and a.ti.key not in ex.ledger
+
+
+def test_placements_fallbacks_and_the_step_reach_airflows_statsd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The executor's metrics go through Airflow's own backend ([metrics] statsd_on), here to a
+    UDP socket standing in for the StatsD daemon: what was sent, on which pool, the fallbacks by
+    cause, the step's time and what it held. (was: no metric at all from the executor)"""
+    import socket
+
+    from airflow.observability import stats
+    from airflow.observability.metrics import stats_utils
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(0.2)
+    for key, value in {"STATSD_ON": "True", "STATSD_HOST": "127.0.0.1", "STATSD_PORT": str(sock.getsockname()[1]),
+                       "STATSD_PREFIX": "airflow"}.items():
+        monkeypatch.setenv(f"AIRFLOW__METRICS__{key}", value)
+    try:
+        ex, Task, _ = _publishing_executor(monkeypatch)  # DRLExecutor() sets up Airflow's metrics backend
+        monkeypatch.setattr(ex, "_send_workloads_to_celery", lambda tuples: [
+            (key, None, types.SimpleNamespace(task_id=f"celery-{w.ti.task_id}")) for key, w, _q, _t in tuples])
+        ex._client = FakeClient(_reply({"a": "cpu-large", "b": "nowhere"}))  # type: ignore[assignment]
+        tasks = [Task(ti=_workload(t).ti) for t in "abc"]  # c: the policy waits
+        for w in tasks:
+            ex.queued_tasks[w.ti.key] = w  # type: ignore[index]
+        ex.trigger_tasks(8)
+        got: list[str] = []
+        try:
+            while True:
+                got.extend(sock.recv(65536).decode().splitlines())
+        except TimeoutError:
+            pass
+    finally:
+        sock.close()
+        monkeypatch.undo()  # the metrics settings too: the backend of the next tests is Airflow's default again
+        stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=True)
+    mine = sorted(m for m in got if m.startswith("airflow.drl_executor."))
+    counts = [m for m in mine if m.endswith("|c")]
+    assert counts == sorted(["airflow.drl_executor.placements:1|c"] * 2 + [
+        "airflow.drl_executor.placements.cpu-large:1|c", "airflow.drl_executor.placements.gpu:1|c",
+        "airflow.drl_executor.fallbacks:1|c", "airflow.drl_executor.fallbacks.unknown_pool:1|c"]), mine
+    assert "airflow.drl_executor.held:1|g" in mine and "airflow.drl_executor.pools_down:0|g" in mine
+    (timing,) = [m for m in mine if m.endswith("|ms")]
+    assert timing.startswith("airflow.drl_executor.placement_time:") and float(timing.split(":")[1][:-3]) > 0
+
+
+def test_every_fallback_reason_has_a_cause() -> None:
+    """Each reason the executor and its client give a fallback is counted under a cause of its
+    own, not "other": the literals of client.py's PlacementUnavailable and of the executor's
+    fallbacks, read from their source (a new reason without a cause fails here)."""
+    import ast
+    import inspect as pyinspect
+
+    from airflow_drl_executor import client
+    from airflow_drl_executor.metrics import fallback_cause
+
+    def leads(module: Any, wrap: str) -> set[str]:
+        out = set()
+        for node in ast.walk(ast.parse(pyinspect.getsource(module))):
+            values = [node.value] if isinstance(node, ast.Return | ast.Assign) and node.value is not None else []
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "PlacementUnavailable":
+                values = list(node.args[:1])
+            for v in values:
+                first = v.values[0] if isinstance(v, ast.JoinedStr) and v.values else v
+                if isinstance(first, ast.Constant) and isinstance(first.value, str) and len(first.value) > 8:
+                    out.add(wrap.format(first.value))
+        return out
+
+    reasons = {r for r in leads(client, "fallback ({}") if not r.startswith("fallback (Sends")}
+    reasons |= {r for r in leads(executor_mod, "{}") if r.startswith("fallback")}
+    reasons |= {"fallback (policy chose a pool not in the catalogue", "fallback (waited 61s for a better pool",
+                "fallback (not held: a held task keeps its slot of Airflow pool 'x'"}
+    assert len(reasons) >= 12, reasons
+    assert {r: fallback_cause(r) for r in reasons if fallback_cause(r) in ("other", "server")} == {}

@@ -42,12 +42,18 @@ def _free_port(span: int = 1) -> int:
     raise RuntimeError("no free port range")
 
 
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Stack]:
     # Not under /tmp/pytest-*: those folders are private to root, and PostgreSQL runs as postgres.
     state = Path(os.environ.get("DRL_TEST_STACK_DIR", str(REPO / ".stack-test")))
     ports = Ports(pg=_free_port(), redis=_free_port(), api=_free_port(), metrics=_free_port(),
-                  worker_logs=_free_port(3))
+                  worker_logs=_free_port(3), statsd=_free_udp_port())
     if state.exists():  # a previous session's leftovers: stop what may still run, start afresh
         Stack(state, Ports.from_env(), REPO).down()
         shutil.rmtree(state)
