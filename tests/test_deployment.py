@@ -135,3 +135,15 @@ def test_the_schedulers_spool_outlives_its_container(monkeypatch: pytest.MonkeyP
     mounts = {m.split(":")[1]: m.split(":")[0] for m in COMPOSE["services"]["scheduler"].get("volumes", [])}
     assert mounts.get(str(default_dir())) in COMPOSE["volumes"], f"{default_dir()}: not on a named volume"
     assert str(default_dir()) in dockerfile, "made in the image, owned by airflow (a new volume takes its owner)"
+
+
+def test_airflows_metrics_reach_the_statsd_exporter() -> None:
+    """The executor's metrics (airflow_drl_executor/metrics.py) go where Airflow's go: every Airflow
+    container sends StatsD to the exporter service, on the port it listens on."""
+    svc = COMPOSE["services"]["statsd-exporter"]
+    assert "9102:9102" in svc["ports"]
+    for name, airflow in COMPOSE["services"].items():
+        env = airflow.get("environment", {})
+        if env.get("AIRFLOW__CORE__EXECUTOR"):
+            assert (env["AIRFLOW__METRICS__STATSD_ON"], env["AIRFLOW__METRICS__STATSD_HOST"],
+                    env["AIRFLOW__METRICS__STATSD_PORT"]) == ("True", "statsd-exporter", "9125"), name
