@@ -105,6 +105,8 @@ class DRLExecutor(CeleryExecutor):
         self._unwritten: list[dict[str, Any]] = []
         #: the same rows on local disk, for the next scheduler if this one dies (started by start())
         self._spool: Spool | None = None
+        self._spool_stale = False  # the rows changed since the spool's last save
+        self._maybe_written = False  # some of the rows may be in the DB already (traces.not_written)
         #: (dag id, run id, task id, map index) -> (the queue this executor last wrote for it,
         #: whether that placement was pinned): its own choice, known without the trace rows (found
         #: by review: when a publish that did not go took its row back, the choice was read as a
@@ -147,13 +149,14 @@ class DRLExecutor(CeleryExecutor):
 
     def end(self, synchronous: bool = False) -> None:
         self._flush_traces()
-        if self._spool is not None:  # rows still unwritten stay in its file for the next executor
-            self._spool.close()
         if self._pool_watch is not None:
             self._pool_watch.stop()
         if self._client is not None:
             self._client.close()
-        super().end(synchronous=synchronous)
+        super().end(synchronous=synchronous)  # syncs: may flush again
+        if self._spool is not None:  # rows still unwritten stay in its file for the next executor
+            self._spool.close()
+            self._spool = None  # (found by review: used after its lock went, by the sync above)
 
     def change_state(self, key: Any, state: Any, info: Any = None, remove_running: bool = True) -> None:
         super().change_state(key, state, info, remove_running=remove_running)
@@ -200,6 +203,8 @@ class DRLExecutor(CeleryExecutor):
         self._adopt_spooled()
         self._flush_traces()
         unwritten = {str(row["celery_id"]) for row in self._unwritten if row.get("celery_id")}
+        if self._spool is not None:  # a live executor's too (one whose children hold its lock)
+            unwritten |= self._spool.celery_ids()
         try:
             # a session of its own (every DB access of this executor): create_session() hands back
             # the thread's scoped session, here the scheduler's adoption session, and would commit
@@ -719,6 +724,7 @@ class DRLExecutor(CeleryExecutor):
             if celery_id:
                 early[key] = str(celery_id)
                 self._unwritten.append(_with_celery_id(rec, str(celery_id)).row(now))
+                self._spool_stale = True
         if early:
             self._flush_traces()
         return early
@@ -737,6 +743,7 @@ class DRLExecutor(CeleryExecutor):
                 row.update(celery_id=None, reason=str(row.get("reason", "")) + traces.NOT_SENT)
                 changed = True
         if changed:
+            self._spool_stale = True
             self._keep()
         try:
             with create_session(scoped=False) as session:
@@ -750,6 +757,7 @@ class DRLExecutor(CeleryExecutor):
             result = self.workloads.get(key)
             celery_id = getattr(result, "task_id", None)
             self._unwritten.append((rec if celery_id is None else _with_celery_id(rec, str(celery_id))).row(now))
+            self._spool_stale = True
         self._flush_traces()
 
     def _flush_traces(self) -> None:
@@ -757,7 +765,10 @@ class DRLExecutor(CeleryExecutor):
         kept and retried at the next heartbeat, up to :data:`_UNWRITTEN_MAX` rows, the oldest lost
         past that: the traces are what a restarted scheduler's adoption reads to tell a task sent to
         Celery from one never sent, and a sent task without its row would be rescheduled while Celery
-        still runs it (found by review: one DB error lost the rows for good)."""
+        still runs it (found by review: one DB error lost the rows for good). A refusal for a row's
+        content (:func:`_refused_for_content`) is not an outage: the rows are written one by one and
+        those refused are set aside in the spool's rejected file (found by review: one such row was
+        retried for ever and kept every later row out of the DB, across restarts with the spool)."""
         from airflow.utils.session import create_session
 
         if not self._unwritten:
@@ -768,25 +779,64 @@ class DRLExecutor(CeleryExecutor):
                 if not self._traces_ready:
                     traces.ensure_schema(conn.engine)
                     self._traces_ready = True
-                traces.write_rows(conn, self._unwritten)
+                rows = traces.not_written(conn, self._unwritten) if self._maybe_written else self._unwritten
+                traces.write_rows(conn, rows)
         except SQLAlchemyError as exc:
+            if _refused_for_content(exc):
+                self._write_each()
+                return
+            self._maybe_written = True  # a commit whose answer was lost went through
             lost = len(self._unwritten) - _UNWRITTEN_MAX
             if lost > 0:
                 del self._unwritten[:lost]
+                self._spool_stale = True
                 self.log.error("DRLExecutor: lost %d placement trace(s), the oldest not written: %s", lost, exc)
             self.log.warning("DRLExecutor: %d placement trace(s) not written, retried at the next heartbeat: %s",
                              len(self._unwritten), exc)
             self._keep()
-            metrics.unwritten(len(self._unwritten))
             return
         self._unwritten.clear()
+        self._maybe_written = False
+        self._spool_stale = True
         self._keep()
-        metrics.unwritten(0)
+
+    def _write_each(self) -> None:
+        """Write the unwritten rows one by one; those refused for their content are logged and set
+        aside, the rest kept from the first that is refused otherwise (the DB went away)."""
+        from airflow.utils.session import create_session
+
+        kept: list[dict[str, Any]] = []
+        refused: list[dict[str, Any]] = []
+        for i, row in enumerate(self._unwritten):
+            try:
+                with create_session(scoped=False) as session:
+                    conn = session.connection()
+                    traces.write_rows(conn, traces.not_written(conn, [row]) if self._maybe_written else [row])
+            except SQLAlchemyError as exc:
+                if not _refused_for_content(exc):
+                    kept = self._unwritten[i:]
+                    self._maybe_written = True
+                    break
+                refused.append(row)
+                self.log.error("DRLExecutor: the metadata DB refuses the placement of %s/%s/%s try %s (set aside "
+                               "in the spool's rejected file): %s", row.get("dag_id"), row.get("run_id"),
+                               row.get("task_id"), row.get("try_number"), exc)
+        self._unwritten = kept
+        self._spool_stale = True
+        if refused and self._spool is not None:
+            try:
+                self._spool.reject(refused)
+            except OSError as exc:
+                self.log.error("DRLExecutor: cannot keep the %d refused placement(s) in %s: %s", len(refused),
+                               self._spool.rejected, exc)
+        self._keep()
 
     def _keep(self) -> None:
-        """Save the unwritten rows to this executor's spool (none: its file goes); once saved, the
-        files of dead executors whose rows these include are deleted."""
-        if self._spool is None:
+        """Save the unwritten rows to this executor's spool if they changed since the last save
+        (none: its file goes); once saved, the files of dead executors whose rows these include are
+        deleted. Also the gauge of rows not written."""
+        metrics.unwritten(len(self._unwritten))
+        if self._spool is None or not self._spool_stale:
             return
         try:
             self._spool.save(self._unwritten)
@@ -794,6 +844,7 @@ class DRLExecutor(CeleryExecutor):
             self.log.error("DRLExecutor: %d unwritten placement(s) not saved to %s either (kept in memory): %s",
                            len(self._unwritten), self._spool.dir, exc)
             return
+        self._spool_stale = False
         self._spool.release()
 
     def _open_spool(self) -> None:
@@ -813,11 +864,23 @@ class DRLExecutor(CeleryExecutor):
             return
         rows = self._spool.adopt_orphans()
         self._unwritten = rows + self._unwritten
+        self._spool_stale = True
+        self._maybe_written = self._maybe_written or bool(rows)  # a dead one's written rows, file not gone
         self._keep()
         if rows:
             self.log.warning("DRLExecutor: %d placement(s) a stopped scheduler could not write taken over from %s",
                              len(rows), self._spool.dir)
             self._flush_traces()
+
+
+def _refused_for_content(exc: SQLAlchemyError) -> bool:
+    """Whether the DB refused a write for what a row holds (a constraint, a value its column cannot
+    take, a value the driver cannot send), not for being unreachable or misconfigured."""
+    from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, StatementError
+
+    if isinstance(exc, DataError | IntegrityError):
+        return True
+    return isinstance(exc, StatementError) and not isinstance(exc, DBAPIError)
 
 
 def _reschedule(tis: Sequence[Any]) -> None:

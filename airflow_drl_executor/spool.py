@@ -6,13 +6,17 @@ scheduler restart, adoption reads those rows to tell a task Celery holds from on
 wait in the executor's memory; a scheduler that dies then would take them along, and the next
 scheduler's adoption would send those tasks again while Celery still runs them. So the rows also
 wait here, one JSON-lines file per executor process, and the next executor that starts on this
-host (or sees this directory) takes over the files of dead ones and writes their rows.
+host (or sees this directory) takes over the files of dead ones and writes their rows; its
+adoption also counts the Celery ids of every file here as sent, a live executor's included.
 
 Each process holds an exclusive ``flock`` on ``NAME.lock`` for its life; the kernel releases it
-when the process dies, however it dies. A lock file nobody holds marks an orphan: whoever takes
-its lock reads ``NAME.jsonl``, and deletes both files once the rows are its own (in its memory and
+when the process dies, however it dies (a forked child closes its copy of the descriptor at once:
+Celery's publishing and state-fetching pools outlive a killed scheduler, and would otherwise hold
+its lock for ever, found by review). A lock file nobody holds marks an orphan: whoever takes its
+lock reads ``NAME.jsonl``, and deletes both files once the rows are its own (in its memory and
 its own file, written first). ``NAME.jsonl`` is replaced whole (write, fsync, rename), so a crash
-mid-write leaves the previous version.
+mid-write leaves the previous version. Rows the DB refuses for what they hold (not for being
+down) go to ``NAME.rejected.jsonl``, kept for a person to read.
 """
 
 from __future__ import annotations
@@ -24,12 +28,16 @@ import logging
 import os
 import socket
 import uuid
+import weakref
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 _DATES = ("decided_at",)
+#: every open spool of this process: a forked child closes their descriptors (see the module doc)
+_OPEN: weakref.WeakSet[Spool] = weakref.WeakSet()
 
 
 def default_dir() -> Path:
@@ -46,16 +54,28 @@ class Spool:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.data = self.dir / f"{self.name}.jsonl"
+        self.rejected = self.dir / f"{self.name}.rejected.jsonl"
         self._lock_path = self.dir / f"{self.name}.lock"
-        self._lock_fd: int | None = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # locked under a name other adopters do not look at, then renamed (the lock goes with the
+        # file): a fresh lock file is never taken for an orphan's (found by review)
+        locking = self.dir / f"{self.name}.locking"
+        fd = os.open(locking, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(locking, self._lock_path)
+        except OSError:
+            os.close(fd)
+            locking.unlink(missing_ok=True)
+            raise
+        self._lock_fd: int | None = fd
         self._saved = False
         #: orphans taken by :meth:`adopt_orphans`, their files deleted by :meth:`release`
         self._claimed: list[tuple[int, Path]] = []
+        _OPEN.add(self)
 
     def save(self, rows: list[dict[str, Any]]) -> None:
         """Replace this process's file with ``rows`` (none: remove it). ``OSError`` when the disk
-        refuses too."""
+        refuses too (no partial file is left)."""
         if not rows:
             if self._saved:
                 self.data.unlink(missing_ok=True)
@@ -64,10 +84,16 @@ class Spool:
         _write(self.data, rows)
         self._saved = True
 
+    def reject(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Keep rows the DB refused for their content, for a person to read (``OSError``)."""
+        with open(self.rejected, "a", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(_line(row))
+
     def adopt_orphans(self) -> list[dict[str, Any]]:
         """The rows of every file whose process is gone, now this process's to write: the caller
         keeps them with its own and :meth:`save` s them before :meth:`release` deletes the
-        orphans' files. Files that cannot be read are logged and left in place."""
+        orphans' files. Files that cannot be opened or read are logged and left in place."""
         rows: list[dict[str, Any]] = []
         for lock in sorted(self.dir.glob("*.lock")):
             if lock == self._lock_path:
@@ -76,9 +102,12 @@ class Spool:
                 fd = os.open(lock, os.O_RDWR)  # no O_CREAT: one another adopter just deleted stays gone
             except FileNotFoundError:
                 continue
+            except OSError as exc:  # another user's (a scheduler once run as root): never the scheduler's end
+                log.error("DRLExecutor: cannot open %s (its unwritten placements are left in place): %s", lock, exc)
+                continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:  # its process is alive
+            except OSError:  # its process is alive
                 os.close(fd)
                 continue
             data = lock.with_suffix(".jsonl")
@@ -92,11 +121,27 @@ class Spool:
             self._claimed.append((fd, lock))
         return rows
 
+    def celery_ids(self) -> set[str]:
+        """The Celery ids of the rows of every readable file here, live executors' included: the
+        tasks those rows were written for were sent (or are being sent) to Celery."""
+        out: set[str] = set()
+        for path in self.dir.glob("*.jsonl"):
+            if path.name.endswith(".rejected.jsonl"):
+                continue
+            try:
+                out.update(str(r["celery_id"]) for r in _read(path) if r.get("celery_id"))
+            except (OSError, ValueError) as exc:
+                log.warning("DRLExecutor: cannot read %s: %s", path, exc)
+        return out
+
     def release(self) -> None:
         """Delete the files :meth:`adopt_orphans` took (their rows are saved in this process's)."""
         for fd, lock in self._claimed:
-            lock.with_suffix(".jsonl").unlink(missing_ok=True)
-            lock.unlink(missing_ok=True)
+            for path in (lock.with_suffix(".jsonl"), lock.with_suffix(".tmp"), lock):
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError as exc:
+                    log.error("DRLExecutor: cannot delete %s (its rows are written): %s", path, exc)
             os.close(fd)
         self._claimed = []
 
@@ -109,17 +154,46 @@ class Spool:
             self._lock_path.unlink(missing_ok=True)
         os.close(self._lock_fd)
         self._lock_fd = None
+        _OPEN.discard(self)
+
+    def _forget_in_child(self) -> None:
+        """In a forked child: close this process's copies of the lock descriptors (never
+        ``LOCK_UN``, which would release the parent's locks too)."""
+        for fd in [self._lock_fd, *(fd for fd, _ in self._claimed)]:
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._lock_fd, self._claimed = None, []
+
+
+def _after_fork_in_child() -> None:
+    for spool in list(_OPEN):
+        spool._forget_in_child()
+    _OPEN.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _line(row: dict[str, Any]) -> str:
+    return json.dumps({k: (v.isoformat() if isinstance(v, dt.datetime) else v) for k, v in row.items()},
+                      sort_keys=True) + "\n"
 
 
 def _write(path: Path, rows: list[dict[str, Any]]) -> None:
     tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for row in rows:
-            fh.write(json.dumps({k: (v.isoformat() if isinstance(v, dt.datetime) else v) for k, v in row.items()},
-                                sort_keys=True) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(_line(row))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _read(path: Path) -> list[dict[str, Any]]:

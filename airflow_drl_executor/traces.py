@@ -12,6 +12,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import math
+import sys
+import uuid
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -100,15 +103,36 @@ class PlacementRecord:
     waited_s: float = 0.0
 
     def row(self, decided_at: dt.datetime) -> dict[str, Any]:
-        return {
+        """The table's row: strings cut to their column's length, numbers finite (found by review:
+        a NaN score, which SQLite stores as NULL and MySQL refuses, or a policy version over 100
+        characters on PostgreSQL, made the DB refuse the row and every row written with it)."""
+        row: dict[str, Any] = {
             "ti_id": self.ti_id, "dag_id": self.dag_id, "run_id": self.run_id, "task_id": self.task_id,
             "map_index": self.map_index, "try_number": self.try_number, "pool": self.pool,
-            "vm_class": self.vm_class, "score": self.score, "reason": self.reason[:2000],
+            "vm_class": self.vm_class, "score": _finite(self.score), "reason": self.reason[:2000],
             "fallback": self.fallback, "policy": self.policy, "policy_version": self.policy_version,
-            "request_id": self.request_id, "decision_ms": self.decision_ms, "celery_id": self.celery_id,
-            "waited_s": self.waited_s,
+            "request_id": self.request_id, "decision_ms": _finite(self.decision_ms), "celery_id": self.celery_id,
+            "waited_s": _finite(self.waited_s),
             "features": json.dumps(self.features, sort_keys=True), "decided_at": decided_at,
         }
+        for name, length in _LENGTHS.items():
+            value = row[name]
+            if isinstance(value, str) and len(value) > length:
+                row[name] = value[:length]
+        return row
+
+
+def _finite(x: float) -> float:
+    """``x``, NaN as 0 and an infinity as the largest float of its sign."""
+    x = float(x)
+    if math.isnan(x):
+        return 0.0
+    return max(min(x, sys.float_info.max), -sys.float_info.max)
+
+
+#: column -> the length of its string type
+_LENGTHS: dict[str, int] = {c.name: int(c.type.length) for c in placements.columns
+                            if isinstance(c.type, String) and c.type.length}
 
 
 def ensure_schema(engine: Engine) -> None:
@@ -144,6 +168,27 @@ def write_rows(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
     """Insert rows made by :meth:`PlacementRecord.row` in one statement."""
     if rows:
         conn.execute(insert(placements), list(rows))
+
+
+def not_written(conn: Connection, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Of ``rows``, those not in the table yet: a placement is one (task instance, request) pair
+    (read before writing again rows whose last write may have gone through: a commit whose answer
+    was lost, a dead scheduler's spool written before its file went; found by review, a second copy
+    of a try's row made it the task instance's latest placement)."""
+    ids = sorted({_uuid_hex(r["ti_id"]) for r in rows})
+    have: set[tuple[str, str]] = set()
+    for i in range(0, len(ids), 1000):  # bounded IN lists
+        chunk = [str(uuid.UUID(h)) for h in ids[i:i + 1000] if len(h) == 32]
+        have.update((_uuid_hex(t), str(q)) for t, q in conn.execute(
+            select(placements.c.ti_id, placements.c.request_id).where(placements.c.ti_id.in_(chunk))))
+    return [r for r in rows if (_uuid_hex(r["ti_id"]), str(r["request_id"])) not in have]
+
+
+def _uuid_hex(value: object) -> str:
+    try:
+        return uuid.UUID(str(value)).hex
+    except ValueError:
+        return str(value)
 
 
 def sent_celery_ids(conn: Connection, celery_ids: Collection[str]) -> set[str]:

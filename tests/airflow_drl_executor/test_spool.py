@@ -6,6 +6,8 @@ import datetime as dt
 import os
 from pathlib import Path
 
+import pytest
+
 from airflow_drl_executor.spool import Spool
 
 
@@ -63,3 +65,64 @@ def test_an_unreadable_file_is_left_in_place_and_the_others_are_taken(tmp_path: 
     c.release()
     assert a.data.exists(), "kept for a person to read: its rows are not lost"
     assert not b.data.exists()
+
+
+def test_a_forked_child_does_not_keep_a_dead_executors_rows_from_the_next(tmp_path: Path) -> None:
+    """was: Celery's publishing and state-fetching pools (forked) kept a copy of the lock's
+    descriptor: a killed scheduler's children held its lock for ever, and its rows were never
+    taken over (the tasks sent again by the next scheduler's adoption)"""
+    import signal
+    import time
+
+    a, b = Spool(tmp_path), Spool(tmp_path)
+    a.save([_row("x")])
+    ready_r, ready_w = os.pipe()
+    child = os.fork()
+    if child == 0:  # a pool worker that outlives its scheduler
+        os.write(ready_w, b"1")  # past fork: its handlers ran
+        time.sleep(30)
+        os._exit(0)
+    try:
+        assert os.read(ready_r, 1) == b"1"
+        _die(a)
+        assert b.adopt_orphans() == [_row("x")]
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+
+
+def test_a_lock_file_this_user_cannot_open_is_left_and_the_others_are_taken(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """was: a PermissionError (a scheduler once run as root left a 0600 lock) went up through
+    start() and adoption: the scheduler stopped at every start"""
+    a, b = Spool(tmp_path), Spool(tmp_path)
+    a.save([_row("x")])
+    b.save([_row("y")])
+    _die(a)
+    _die(b)
+    real_open = os.open
+
+    def open_(path, flags, *args):  # type: ignore[no-untyped-def]
+        if Path(path).name == f"{a.name}.lock":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", open_)
+    c = Spool(tmp_path)
+    assert c.adopt_orphans() == [_row("y")]
+    assert c.celery_ids() == {"x", "y"}, "adoption still counts a's row as sent"
+
+
+def test_a_failed_save_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a = Spool(tmp_path)
+    a.save([_row("x")])
+
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError):
+        a.save([_row("x"), _row("y")])
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".jsonl", ".lock"], "no .tmp left"
+    monkeypatch.undo()
+    assert Spool(tmp_path).celery_ids() == {"x"}, "the previous version stays"
