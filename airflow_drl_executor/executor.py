@@ -146,6 +146,13 @@ class DRLExecutor(CeleryExecutor):
     def sync(self) -> None:
         self._flush_traces()  # those the DB refused, at every heartbeat until it takes them
         super().sync()
+        try:
+            down = sum(not p.up for p in self.pool_states())
+        except Exception:  # noqa: BLE001 - a gauge is never worth a heartbeat
+            self.log.debug("DRLExecutor: pool states for the gauges", exc_info=True)
+            down = 0
+        metrics.gauges(held=sum(1 for key in self._held_since if key in self.queued_tasks), pools_down=down,
+                       unwritten=len(self._unwritten))
 
     def end(self, synchronous: bool = False) -> None:
         self._flush_traces()
@@ -586,7 +593,7 @@ class DRLExecutor(CeleryExecutor):
             self.log.debug("DRLExecutor: request %s: %d task(s) wait for a better pool", request_id, len(held))
         if placed:
             self._set_queues(placed)
-        metrics.placement_step(decision_ms, held=len(self._held_since), pools_down=sum(not p.up for p in pools))
+        metrics.placement_step(decision_ms)
         return records, held | late
 
     def _airflow_pools(self, undecided: Sequence[Any]) -> dict[str, str]:
@@ -835,7 +842,6 @@ class DRLExecutor(CeleryExecutor):
         """Save the unwritten rows to this executor's spool if they changed since the last save
         (none: its file goes); once saved, the files of dead executors whose rows these include are
         deleted. Also the gauge of rows not written."""
-        metrics.unwritten(len(self._unwritten))
         if self._spool is None or not self._spool_stale:
             return
         try:

@@ -179,6 +179,8 @@ class GraphBuilder:
         self.default_duration_s = default_duration_s
         self.history_ttl_s = history_ttl_s
         self._structures: LRU[str, _Structure] = LRU(MAX_VERSIONS)
+        #: DAG versions :meth:`structure` failed to read for :meth:`_declared` (not tried again)
+        self._unreadable: LRU[str, bool] = LRU(MAX_VERSIONS)
         self._history: LRU[str, tuple[float, dict[str, list[tuple[str, float, int]]]]] = LRU(MAX_VERSIONS)
         #: (run key, dag version) -> (built at, graph, ignored hints, mapped expansion), oldest first
         self._graphs: dict[tuple[str, str], tuple[float, RunGraph, Mapping[str, str], dict[str, tuple[int, ...]]]] = {}
@@ -436,11 +438,11 @@ class GraphBuilder:
         kind and hints are read from DAG version ``version_id`` (cached per version, as the
         graphs'; was: every task taken for the default kind, so a GPU task's 30 min on the GPU
         pool, seen elsewhere, was converted at a CPU task's speed ratio)."""
-        node = self._declared(version_id, task_id, session)
         observed = self._durations(dag_id, session).get(task_id, [])
         there = [(q, mean, n) for q, mean, n in observed if q == pool]
         if there:
             return sum(mean * n for _, mean, n in there) / max(sum(n for _, _, n in there), 1)
+        node = self._declared(version_id, task_id, session)
         speed = self.vm_classes[pool].speed_for(node.kind) if pool in self.vm_classes else 1.0
         at_one = self.at_speed_one(observed, node.kind) if observed else node.duration_s
         return at_one / max(speed, 1e-3)
@@ -449,12 +451,17 @@ class GraphBuilder:
         """``task_id``'s node as its DAG version declares it (kind, hinted duration at speed 1); a
         task of the default kind and duration when the version or the task cannot be read."""
         default = TaskNode(task_id=task_id, duration_s=self.default_duration_s)
-        if not version_id:
+        if not version_id or self._unreadable.get(version_id):
             return default
         try:
             structure = self.structure(version_id, session)
-        except PolicyError as exc:
-            log.info("DRLExecutor: %s of DAG version %s taken for a default task: %s", task_id, version_id, exc)
+        except Exception as exc:  # noqa: BLE001 - another scheduler's DAG version this one cannot read
+            # (a rolling upgrade: DeserializationError, "Unsure how to deserialize version N", a
+            # timetable not registered here) is a default task, not every placement on the fallback
+            # (found by review), and it is not read again
+            self._unreadable.put(version_id, True)
+            log.warning("DRLExecutor: DAG version %s (of a task another scheduler runs) cannot be read here; "
+                        "its tasks are taken for default tasks: %s", version_id, exc)
             return default
         if task_id not in structure.task_ids:
             return default

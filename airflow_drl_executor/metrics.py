@@ -3,8 +3,11 @@ as ``[metrics]`` in airflow.cfg says (``statsd_on``, ``otel_on``, ...), next to 
 ``executor.open_slots`` and the rest; nothing is sent when metrics are off.
 
 Every metric is named ``drl_executor.*`` (after ``[metrics] statsd_prefix``, ``airflow.`` by
-default). The tagged ones are sent twice, as Airflow sends its own: once tagged (Datadog,
-InfluxDB-style StatsD, OpenTelemetry) and once with the tag in the name (plain StatsD drops tags).
+default). The tagged ones are sent tagged (Datadog, InfluxDB-style StatsD, OpenTelemetry) and,
+with ``[metrics] legacy_names_on`` (Airflow's switch for its own such names), again with the tag in
+the name, for plain StatsD, which drops tags (a dot in a pool's name written ``__``, as Airflow
+writes its task ids there). The gauges are sent at every heartbeat. A metrics backend that fails
+is logged once and never stops the scheduler.
 
 =====================================  =======  ===========================================================
 name                                   type     what
@@ -24,13 +27,44 @@ name                                   type     what
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+import functools
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
+from airflow.configuration import conf
 from airflow.observability import stats
 
 from airflow_drl_executor.traces import PlacementRecord
 
 PREFIX = "drl_executor"
+log = logging.getLogger(__name__)
+_F = TypeVar("_F", bound=Callable[..., None])
+_failed = False
+
+
+def _guarded(fn: _F) -> _F:
+    """``fn``, its errors logged (the first with its traceback) and swallowed: a site's
+    ``stat_name_handler``, a custom StatsD client or a bad allow-list must not stop scheduling
+    (found by review: a handler that refused the names stopped every heartbeat's dispatch)."""
+    @functools.wraps(fn)
+    def guarded(*args: Any, **kwargs: Any) -> None:
+        global _failed
+        try:
+            fn(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - metrics are never worth a heartbeat
+            log.warning("DRLExecutor: metrics %s failed", fn.__name__, exc_info=not _failed)
+            _failed = True
+    return guarded  # type: ignore[return-value]
+
+
+def _named(value: str) -> str:
+    """``value`` as one level of a metric's name."""
+    return stats.normalize_name_for_stats(value.replace(".", "__"), log_warning=False)
+
+
+def _legacy() -> bool:
+    return conf.getboolean("metrics", "legacy_names_on", fallback=True)
 
 #: the start of a fallback's reason (as the executor and its client write them) -> its cause
 _REASONS: tuple[tuple[str, str], ...] = (
@@ -50,6 +84,7 @@ _REASONS: tuple[tuple[str, str], ...] = (
     ("fallback: cannot build the request", "request"),
     ("fallback: placement failed", "error"),
     ("fallback: the task is not in its run's graph", "not_in_graph"),
+    ("fallback: the run's graph", "too_large"),
 )
 #: every cause a fallback is counted under; ``server``: the policy server's own fallback (its
 #: load-skew breaker, a placer error: counted by reason in the server's Prometheus metrics)
@@ -64,24 +99,30 @@ def fallback_cause(reason: str) -> str:
     return "other" if reason.startswith("fallback") else "server"
 
 
+@_guarded
 def sent(records: Iterable[PlacementRecord]) -> None:
     """Count the placements Celery accepted."""
+    legacy = _legacy()
     for rec in records:
-        pool = stats.normalize_name_for_stats(rec.pool, log_warning=False)
-        stats.incr(f"{PREFIX}.placements", tags={"pool": pool, "fallback": str(rec.fallback).lower()})
-        stats.incr(f"{PREFIX}.placements.{pool}")
+        stats.incr(f"{PREFIX}.placements", tags={"pool": rec.pool, "fallback": str(rec.fallback).lower()})
+        if legacy:
+            stats.incr(f"{PREFIX}.placements.{_named(rec.pool)}")
         if rec.fallback:
             cause = fallback_cause(rec.reason)
             stats.incr(f"{PREFIX}.fallbacks", tags={"cause": cause})
-            stats.incr(f"{PREFIX}.fallbacks.{cause}")
+            if legacy:
+                stats.incr(f"{PREFIX}.fallbacks.{cause}")
 
 
-def placement_step(decision_ms: float, held: int, pools_down: int) -> None:
-    """One heartbeat's placement step: how long it took, what it kept back, the pools down."""
+@_guarded
+def placement_step(decision_ms: float) -> None:
+    """How long one heartbeat's placement step took."""
     stats.timing(f"{PREFIX}.placement_time", dt.timedelta(milliseconds=decision_ms))
+
+
+@_guarded
+def gauges(*, held: int, pools_down: int, unwritten: int) -> None:
+    """What the executor keeps back, the pools with no live worker, the rows the DB has not taken."""
     stats.gauge(f"{PREFIX}.held", held)
     stats.gauge(f"{PREFIX}.pools_down", pools_down)
-
-
-def unwritten(rows: int) -> None:
-    stats.gauge(f"{PREFIX}.unwritten_traces", rows)
+    stats.gauge(f"{PREFIX}.unwritten_traces", unwritten)

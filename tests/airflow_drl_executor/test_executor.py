@@ -878,6 +878,9 @@ def test_placements_fallbacks_and_the_step_reach_airflows_statsd(monkeypatch: py
         for w in tasks:
             ex.queued_tasks[w.ti.key] = w  # type: ignore[index]
         ex.trigger_tasks(8)
+        monkeypatch.setattr(executor_mod.CeleryExecutor, "sync", lambda self: None)
+        ex._held_since[("gone", 1)] = 0.0  # a held task revoked since: not counted
+        ex.sync()  # the gauges, at every heartbeat
         got: list[str] = []
         try:
             while True:
@@ -893,7 +896,8 @@ def test_placements_fallbacks_and_the_step_reach_airflows_statsd(monkeypatch: py
     assert counts == sorted(["airflow.drl_executor.placements:1|c"] * 2 + [
         "airflow.drl_executor.placements.cpu-large:1|c", "airflow.drl_executor.placements.gpu:1|c",
         "airflow.drl_executor.fallbacks:1|c", "airflow.drl_executor.fallbacks.unknown_pool:1|c"]), mine
-    assert "airflow.drl_executor.held:1|g" in mine and "airflow.drl_executor.pools_down:0|g" in mine
+    assert {"airflow.drl_executor.held:1|g", "airflow.drl_executor.pools_down:0|g",
+            "airflow.drl_executor.unwritten_traces:0|g"} <= set(mine)
     (timing,) = [m for m in mine if m.endswith("|ms")]
     assert timing.startswith("airflow.drl_executor.placement_time:") and float(timing.split(":")[1][:-3]) > 0
 
@@ -914,14 +918,17 @@ def test_every_fallback_reason_has_a_cause() -> None:
             values = [node.value] if isinstance(node, ast.Return | ast.Assign) and node.value is not None else []
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "PlacementUnavailable":
                 values = list(node.args[:1])
+            if isinstance(node, ast.keyword) and node.arg == "reason":  # replace(d, reason=...)
+                values = [node.value]
             for v in values:
                 first = v.values[0] if isinstance(v, ast.JoinedStr) and v.values else v
                 if isinstance(first, ast.Constant) and isinstance(first.value, str) and len(first.value) > 8:
                     out.add(wrap.format(first.value))
         return out
 
-    reasons = {r for r in leads(client, "fallback ({}") if not r.startswith("fallback (Sends")}
-    reasons |= {r for r in leads(executor_mod, "{}") if r.startswith("fallback")}
+    raw = leads(client, "{}") | leads(executor_mod, "{}")
+    reasons = {r for r in raw if r.startswith("fallback") and r != "fallback ("}  # "fallback ({why}" below
+    reasons |= {"fallback (" + r for r in leads(client, "{}") if not r.startswith(("fallback", "Sends"))}
     reasons |= {"fallback (policy chose a pool not in the catalogue", "fallback (waited 61s for a better pool",
                 "fallback (not held: a held task keeps its slot of Airflow pool 'x'"}
     assert len(reasons) >= 12, reasons
@@ -1046,3 +1053,26 @@ def test_the_spool_is_written_only_when_its_rows_change_and_closed_after_the_las
     ex.end()
     assert saves == [1, 0] and ex._spool is None and spool._lock_fd is None
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "written: nothing left behind"
+
+
+def test_a_failing_metrics_backend_never_stops_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """was: a site's stat_name_handler (or a custom StatsD client) that raised stopped every
+    heartbeat's dispatch, and left a ledger entry for a task never sent"""
+    from airflow.observability import stats
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("unknown metric")
+
+    for name in ("incr", "gauge", "timing"):
+        monkeypatch.setattr(stats, name, broken)
+    sent: list[str] = []
+    ex, Task, written = _publishing_executor(monkeypatch)
+    monkeypatch.setattr(ex, "_send_workloads_to_celery", lambda tuples: [
+        (key, None, (sent.append(w.ti.task_id), types.SimpleNamespace(task_id="c"))[1]) for key, w, _q, _t in tuples])
+    monkeypatch.setattr(executor_mod.CeleryExecutor, "sync", lambda self: None)
+    ex._client = FakeClient(_reply({"a": "gpu"}))  # type: ignore[assignment]
+    a = Task(ti=_workload("a").ti)
+    ex.queued_tasks[a.ti.key] = a  # type: ignore[index]
+    ex.trigger_tasks(8)
+    ex.sync()
+    assert sent == ["a"] and [r.task_id for _, r in written] == ["a"]

@@ -448,3 +448,16 @@ def test_another_schedulers_task_is_expected_to_take_its_time_on_that_pool(monke
     assert gb.expected_run_s("d", "new", "gpu", None, "v1") == pytest.approx(120.0 / gpu)  # type: ignore[arg-type]
     assert gb.expected_run_s("d", "gone", "gpu", None, "v1") == pytest.approx(60.0 / gb.vm_classes["gpu"].speed_for(
         "default")), "a task not in that version: default"  # type: ignore[arg-type]
+    read: list[str] = []
+
+    def unreadable(version_id, session):  # type: ignore[no-untyped-def]
+        read.append(version_id)
+        raise ValueError("Unsure how to deserialize version 3")  # a newer Airflow's DAG, mid-upgrade
+
+    monkeypatch.setattr(gb, "structure", unreadable)
+    for _ in range(2):  # was: the error went up to _place, every task on the fallback, every heartbeat
+        assert gb.expected_run_s("d", "fit", "cpu-large", None, "v2") == pytest.approx(  # type: ignore[arg-type]
+            10.0 * gb.vm_classes["gpu"].speed_for("default") / gb.vm_classes["cpu-large"].speed_for("default"))
+    assert read == ["v2"], "read once"
+    assert gb.expected_run_s("d", "fit", "gpu", None, "v3") == pytest.approx(10.0), "its history there: not read"  # type: ignore[arg-type]
+    assert read == ["v2"]
