@@ -39,7 +39,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import redis
@@ -382,19 +382,24 @@ def _rss_kib(pid: int) -> int:
 
 
 class _RssSampler:
-    """Samples a process's RSS (KiB) every ``every_s`` seconds while in its ``with`` block:
-    ``samples`` is ``[[seconds since the start, KiB], ...]``, first at the start, last at the end
-    (empty without a pid: a server not started by the bench)."""
+    """Samples the RSS (KiB) of server processes every ``every_s`` seconds while in its ``with``
+    block: ``samples`` is ``[[seconds since the start, KiB of the first], ...]`` and ``each``
+    ``[[seconds, KiB of each], ...]``, first at the start, last at the end (empty without pids: a
+    server not started by the bench)."""
 
-    def __init__(self, pid: int | None, every_s: float) -> None:
-        self.pid, self.every_s = pid, max(every_s, 0.1)
+    def __init__(self, pids: Sequence[int], every_s: float) -> None:
+        self.pids, self.every_s = list(pids), max(every_s, 0.1)
         self.samples: list[list[float]] = []
+        self.each: list[list[float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> None:
-        if self.pid:
-            self.samples.append([round(time.monotonic() - self._t0, 1), _rss_kib(self.pid)])
+        if self.pids:
+            at = round(time.monotonic() - self._t0, 1)
+            kib = [_rss_kib(pid) for pid in self.pids]
+            self.samples.append([at, kib[0]])
+            self.each.append([at, *kib])
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
@@ -413,10 +418,11 @@ class _RssSampler:
 
 
 @contextlib.contextmanager
-def _stack(args: argparse.Namespace, keys: Keys) -> Iterator[tuple[str, int | None]]:
-    """Yield (redis url, first server's pid or None) — private processes unless --redis is given."""
+def _stack(args: argparse.Namespace, keys: Keys) -> Iterator[tuple[str, list[int]]]:
+    """Yield (redis url, the servers' pids, none with --redis) — private processes unless --redis
+    is given."""
     if args.redis:
-        yield args.redis, None
+        yield args.redis, []
         return
     rs = start_redis()
     servers: list[subprocess.Popen[bytes]] = []
@@ -430,7 +436,7 @@ def _stack(args: argparse.Namespace, keys: Keys) -> Iterator[tuple[str, int | No
                                         log_path=args.server_log))
         # replicas load torch and the model at the same time: give each some start-up time
         wait_for_server(rs.client(), keys, count=args.replicas, timeout_s=30.0 + 15.0 * args.replicas)
-        yield rs.url, servers[0].pid
+        yield rs.url, [server.pid for server in servers]
     finally:
         for server in servers:
             server.send_signal(signal.SIGTERM)
@@ -537,13 +543,13 @@ def run(args: argparse.Namespace) -> int:
                            "cpus": os.cpu_count(), "replicas": None if args.redis else args.replicas,
                            "client_procs": args.client_procs,
                            "cases": []}
-    with _stack(args, keys) as (url, pid):
+    with _stack(args, keys) as (url, pids):
         r = redis.Redis.from_url(url)
         wait_for_server(r, keys, count=1 if args.redis else args.replicas)
         device = _server_device(r, keys)
         if args.soak > 0:
             clients = max(args.clients)
-            with _RssSampler(pid, args.rss_every) as rss:
+            with _RssSampler(pids, args.rss_every) as rss:
                 res = run_case(url, keys, catalogue, args.dag_sizes[0], args.ready[0],
                                clients, args.soak, args.seed, device, rate_per_client=args.rate / clients,
                                procs=args.client_procs, new_run_every=args.new_run_every)
@@ -552,7 +558,9 @@ def run(args: argparse.Namespace) -> int:
                            "new_run_every": args.new_run_every,
                            "server_rss_kib_start": rss.samples[0][1] if rss.samples else -1,
                            "server_rss_kib_end": rss.samples[-1][1] if rss.samples else -1,
-                           "server_rss_kib": rss.samples}
+                           "server_rss_kib": rss.samples,
+                           # every replica's, [seconds, KiB of replica 0, 1, ...] (was: the first only)
+                           "replicas_rss_kib": rss.each}
             print(json.dumps(doc["soak"], indent=2))
         else:
             print(f"{'dag':>5} {'ready':>5} {'cli':>3} {'reqs':>7} {'p50 ms':>8} {'p99 ms':>8}"

@@ -35,7 +35,7 @@ def test_bench_measures_a_private_stack_and_splits_the_round_trip(tmp_path: Path
 
 
 def test_soak_samples_rss_and_turns_runs_over(tmp_path: Path) -> None:
-    """``--soak`` samples the server's RSS through the run; ``--new-run-every`` starts new DAG runs
+    """``--soak`` samples the servers' RSS through the run, every replica's; ``--new-run-every`` starts new DAG runs
     (each a full graph the server has not seen), so the server's graph cache fills and evicts."""
     out = tmp_path / "soak.json"
     log = tmp_path / "server.log"
@@ -43,7 +43,7 @@ def test_soak_samples_rss_and_turns_runs_over(tmp_path: Path) -> None:
         [sys.executable, "-m", "policy.cli", "--log-level", "WARNING", "bench", "--placer", "eft",
          "--device", "cpu", "--dag-sizes", "50", "--ready", "2", "--clients", "2", "--soak", "2",
          "--rate", "200", "--rss-every", "0.5", "--new-run-every", "5", "--out", str(out),
-         "--server-log", str(log)],
+         "--server-log", str(log), "--replicas", "2"],
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -55,3 +55,6 @@ def test_soak_samples_rss_and_turns_runs_over(tmp_path: Path) -> None:
     assert len(samples) >= 4 and samples[0][0] == 0.0 and samples[-1][0] >= 2.0
     assert all(kib > 10_000 for _, kib in samples)
     assert soak["server_rss_kib_start"] == samples[0][1] and soak["server_rss_kib_end"] == samples[-1][1]
+    # every replica's (was: the first replica's only)
+    each = soak["replicas_rss_kib"]
+    assert [row[:2] for row in each] == samples and all(len(row) == 3 and row[2] > 10_000 for row in each)
