@@ -107,6 +107,8 @@ class DRLExecutor(CeleryExecutor):
         self._spool: Spool | None = None
         self._spool_stale = False  # the rows changed since the spool's last save
         self._maybe_written = False  # some of the rows may be in the DB already (traces.not_written)
+        #: Celery ids of publishes that did not go whose rows the DB has not marked not sent yet
+        self._unmark: set[str] = set()
         #: (dag id, run id, task id, map index) -> (the queue this executor last wrote for it,
         #: whether that placement was pinned): its own choice, known without the trace rows (found
         #: by review: when a publish that did not go took its row back, the choice was read as a
@@ -226,7 +228,7 @@ class DRLExecutor(CeleryExecutor):
         except SQLAlchemyError as exc:
             self.log.warning("DRLExecutor: cannot read placements to adopt tasks: %s", exc)
             return set()
-        sent |= unwritten
+        sent = (sent | unwritten) - self._unmark
         return {id(ti) for ti in queued if not ti.external_executor_id or str(ti.external_executor_id) not in sent}
 
     # --- placement -------------------------------------------------------------------------------
@@ -741,8 +743,6 @@ class DRLExecutor(CeleryExecutor):
         next heartbeat; failed: the task fails) as not sent (:func:`traces.not_sent`)."""
         if not celery_ids:
             return
-        from airflow.utils.session import create_session
-
         gone = set(celery_ids)
         changed = False
         for row in self._unwritten:
@@ -752,11 +752,25 @@ class DRLExecutor(CeleryExecutor):
         if changed:
             self._spool_stale = True
             self._keep()
+        self._unmark |= gone
+        self._apply_unmarks()
+
+    def _apply_unmarks(self) -> None:
+        """Mark as not sent the rows of the publishes that did not go; those the DB refuses are
+        tried again at the next heartbeat (was: once: adoption after a restart then watched such a
+        task as sent, until ``task_queued_timeout``)."""
+        from airflow.utils.session import create_session
+
+        if not self._unmark:
+            return
         try:
             with create_session(scoped=False) as session:
-                traces.not_sent(session.connection(), gone)
-        except SQLAlchemyError as exc:  # adoption may then watch the task as sent, as plain Celery does
-            self.log.warning("DRLExecutor: cannot mark the placements of %d unsent task(s): %s", len(gone), exc)
+                traces.not_sent(session.connection(), self._unmark)
+        except SQLAlchemyError as exc:
+            self.log.warning("DRLExecutor: cannot mark the placements of %d unsent task(s), retried at the next "
+                             "heartbeat: %s", len(self._unmark), exc)
+            return
+        self._unmark = set()
 
     def _record(self, records: Sequence[tuple[Any, traces.PlacementRecord]]) -> None:
         now = datetime.datetime.now(datetime.UTC)
@@ -778,6 +792,7 @@ class DRLExecutor(CeleryExecutor):
         retried for ever and kept every later row out of the DB, across restarts with the spool)."""
         from airflow.utils.session import create_session
 
+        self._apply_unmarks()
         if not self._unwritten:
             return
         try:

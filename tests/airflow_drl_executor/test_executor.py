@@ -1076,3 +1076,30 @@ def test_a_failing_metrics_backend_never_stops_dispatch(monkeypatch: pytest.Monk
     ex.trigger_tasks(8)
     ex.sync()
     assert sent == ["a"] and [r.task_id for _, r in written] == ["a"]
+
+
+def test_an_unsent_mark_the_db_refuses_is_applied_at_a_later_heartbeat(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """A publish that did not go takes its row's Celery id back. was: tried once; refused (a
+    failover), the row kept the id and adoption after a restart watched the task as sent"""
+    from sqlalchemy import create_engine, select
+
+    from airflow_drl_executor import traces
+
+    engine = create_engine("sqlite://")
+    traces.ensure_schema(engine)
+    down = {"calls": 0}
+    ex = _spooled_executor(monkeypatch, tmp_path, engine, down)
+    ex._record_before_send([("k", _record_of("a"))],
+                           {"k": types.SimpleNamespace(ti=types.SimpleNamespace(external_executor_id="c1"))})
+    down["calls"] = 1
+    ex._unrecord(["c1"])  # refused
+    with engine.connect() as conn:
+        assert conn.execute(select(traces.placements.c.celery_id)).scalars().all() == ["c1"]
+    ti = types.SimpleNamespace(state="queued", external_executor_id="c1", queue="gpu")
+    assert ex._never_sent([ti]) == {id(ti)}, "not sent, whatever the row still says"
+    monkeypatch.setattr(executor_mod.CeleryExecutor, "sync", lambda self: None)
+    ex.sync()
+    with engine.connect() as conn:
+        assert conn.execute(select(traces.placements.c.celery_id)).scalars().all() == [None]
+    assert ex._unmark == set()
