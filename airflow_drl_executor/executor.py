@@ -107,8 +107,9 @@ class DRLExecutor(CeleryExecutor):
         self._spool: Spool | None = None
         self._spool_stale = False  # the rows changed since the spool's last save
         self._maybe_written = False  # some of the rows may be in the DB already (traces.not_written)
-        #: Celery ids of publishes that did not go whose rows the DB has not marked not sent yet
-        self._unmark: set[str] = set()
+        #: (Celery id, request id) of the rows of publishes that did not go the DB has not marked not
+        #: sent yet (a retry of the same try keeps its Celery id: only that request's row is marked)
+        self._unmark: set[tuple[str, str]] = set()
         #: (dag id, run id, task id, map index) -> (the queue this executor last wrote for it,
         #: whether that placement was pinned): its own choice, known without the trace rows (found
         #: by review: when a publish that did not go took its row back, the choice was read as a
@@ -148,11 +149,10 @@ class DRLExecutor(CeleryExecutor):
     def sync(self) -> None:
         self._flush_traces()  # those the DB refused, at every heartbeat until it takes them
         super().sync()
-        try:
-            down = sum(not p.up for p in self.pool_states())
-        except Exception:  # noqa: BLE001 - a gauge is never worth a heartbeat
-            self.log.debug("DRLExecutor: pool states for the gauges", exc_info=True)
-            down = 0
+        self._apply_unmarks()  # once a heartbeat, not before every publish (found by review)
+        live = self._pool_watch.live_workers() if self._pool_watch is not None else None
+        down = 0 if live is None else sum(1 for spec in self.catalogue.pools
+                                          if live.get(spec.name, 0) == 0 and spec.floor > 0)
         metrics.gauges(held=sum(1 for key in self._held_since if key in self.queued_tasks), pools_down=down,
                        unwritten=len(self._unwritten))
 
@@ -224,11 +224,11 @@ class DRLExecutor(CeleryExecutor):
                 if not inspect(conn).has_table(traces.placements.name):
                     return set()
                 sent = traces.sent_celery_ids(conn, [str(ti.external_executor_id) for ti in queued
-                                                     if ti.external_executor_id])
+                                                     if ti.external_executor_id], unsent=self._unmark)
         except SQLAlchemyError as exc:
             self.log.warning("DRLExecutor: cannot read placements to adopt tasks: %s", exc)
             return set()
-        sent = (sent | unwritten) - self._unmark
+        sent |= unwritten
         return {id(ti) for ti in queued if not ti.external_executor_id or str(ti.external_executor_id) not in sent}
 
     # --- placement -------------------------------------------------------------------------------
@@ -289,7 +289,8 @@ class DRLExecutor(CeleryExecutor):
             if key not in accepted:
                 self.ledger.drop(key)
         if early:
-            self._unrecord([celery_id for key, celery_id in early.items() if key not in accepted])
+            self._unrecord([celery_id for key, celery_id in early.items() if key not in accepted],
+                           records[0][1].request_id)
         late = [(key, rec) for key, rec in sent if key not in early]
         if late and self.drl_config.record_traces:
             self._record(late)
@@ -738,7 +739,7 @@ class DRLExecutor(CeleryExecutor):
             self._flush_traces()
         return early
 
-    def _unrecord(self, celery_ids: Sequence[str]) -> None:
+    def _unrecord(self, celery_ids: Sequence[str], request_id: str) -> None:
         """Mark the rows written before a publish that did not go (timed out: placed anew at the
         next heartbeat; failed: the task fails) as not sent (:func:`traces.not_sent`)."""
         if not celery_ids:
@@ -752,7 +753,7 @@ class DRLExecutor(CeleryExecutor):
         if changed:
             self._spool_stale = True
             self._keep()
-        self._unmark |= gone
+        self._unmark |= {(c, request_id) for c in gone}
         self._apply_unmarks()
 
     def _apply_unmarks(self) -> None:
@@ -792,7 +793,6 @@ class DRLExecutor(CeleryExecutor):
         retried for ever and kept every later row out of the DB, across restarts with the spool)."""
         from airflow.utils.session import create_session
 
-        self._apply_unmarks()
         if not self._unwritten:
             return
         try:
@@ -823,27 +823,34 @@ class DRLExecutor(CeleryExecutor):
         self._keep()
 
     def _write_each(self) -> None:
-        """Write the unwritten rows one by one; those refused for their content are logged and set
-        aside, the rest kept from the first that is refused otherwise (the DB went away)."""
+        """Write the unwritten rows, halving a batch the DB refuses for its content until the rows it
+        refuses are found (a few transactions per such row, not one per row: found by review,
+        10,000 rows took 15 s of the scheduler loop one by one); those are logged and set aside,
+        and from the first refusal of another kind (the DB went away) the rest are kept."""
         from airflow.utils.session import create_session
 
+        pending = [list(self._unwritten)]
         kept: list[dict[str, Any]] = []
         refused: list[dict[str, Any]] = []
-        for i, row in enumerate(self._unwritten):
+        while pending:
+            chunk = pending.pop(0)
             try:
                 with create_session(scoped=False) as session:
                     conn = session.connection()
-                    traces.write_rows(conn, traces.not_written(conn, [row]) if self._maybe_written else [row])
+                    traces.write_rows(conn, traces.not_written(conn, chunk) if self._maybe_written else chunk)
             except SQLAlchemyError as exc:
                 if not _refused_for_content(exc):
-                    kept = self._unwritten[i:]
-                    self._maybe_written = True
+                    kept = chunk + [row for rest in pending for row in rest]
                     break
-                refused.append(row)
+                if len(chunk) > 1:
+                    pending[:0] = [chunk[:len(chunk) // 2], chunk[len(chunk) // 2:]]
+                    continue
+                refused.append(chunk[0])
                 self.log.error("DRLExecutor: the metadata DB refuses the placement of %s/%s/%s try %s (set aside "
-                               "in the spool's rejected file): %s", row.get("dag_id"), row.get("run_id"),
-                               row.get("task_id"), row.get("try_number"), exc)
+                               "in the spool's rejected file): %s", chunk[0].get("dag_id"), chunk[0].get("run_id"),
+                               chunk[0].get("task_id"), chunk[0].get("try_number"), exc)
         self._unwritten = kept
+        self._maybe_written = bool(kept)
         self._spool_stale = True
         if refused and self._spool is not None:
             try:
@@ -856,7 +863,7 @@ class DRLExecutor(CeleryExecutor):
     def _keep(self) -> None:
         """Save the unwritten rows to this executor's spool if they changed since the last save
         (none: its file goes); once saved, the files of dead executors whose rows these include are
-        deleted. Also the gauge of rows not written."""
+        deleted."""
         if self._spool is None or not self._spool_stale:
             return
         try:

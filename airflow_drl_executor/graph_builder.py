@@ -28,6 +28,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from airflow_drl_executor.traces import LastPlacement
 from policy.catalogue import VMClass
 from policy.errors import PolicyError, SchemaError
@@ -455,6 +457,8 @@ class GraphBuilder:
             return default
         try:
             structure = self.structure(version_id, session)
+        except SQLAlchemyError:  # the DB, not the version: placing fails over this heartbeat, as on any DB error
+            raise
         except Exception as exc:  # noqa: BLE001 - another scheduler's DAG version this one cannot read
             # (a rolling upgrade: DeserializationError, "Unsure how to deserialize version N", a
             # timetable not registered here) is a default task, not every placement on the fallback

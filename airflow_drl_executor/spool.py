@@ -36,6 +36,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 _DATES = ("decided_at",)
+#: what a row must hold to be written (a placement's name and when it was decided)
+_REQUIRED = ("ti_id", "dag_id", "run_id", "task_id", "try_number", "pool", "request_id", "decided_at")
 #: every open spool of this process: a forked child closes their descriptors (see the module doc)
 _OPEN: weakref.WeakSet[Spool] = weakref.WeakSet()
 
@@ -117,7 +119,17 @@ class Spool:
                 log.error("DRLExecutor: cannot read the unwritten placements of %s (left in place): %s", data, exc)
                 os.close(fd)
                 continue
-            rows.extend(found)
+            bad = [r for r in found if not all(r.get(k) is not None for k in _REQUIRED)]
+            if bad:  # a file written by hand or by something else: kept aside, never the scheduler's end
+                log.error("DRLExecutor: %d row(s) of %s are not placements (set aside in %s)", len(bad), data,
+                          self.rejected)
+                try:
+                    self.reject(bad)
+                except OSError as exc:
+                    log.error("DRLExecutor: cannot set them aside: %s", exc)
+                    os.close(fd)
+                    continue
+            rows.extend(r for r in found if all(r.get(k) is not None for k in _REQUIRED))
             self._claimed.append((fd, lock))
         return rows
 

@@ -175,13 +175,13 @@ def not_written(conn: Connection, rows: Sequence[dict[str, Any]]) -> list[dict[s
     (read before writing again rows whose last write may have gone through: a commit whose answer
     was lost, a dead scheduler's spool written before its file went; found by review, a second copy
     of a try's row made it the task instance's latest placement)."""
-    ids = sorted({_uuid_hex(r["ti_id"]) for r in rows})
+    ids = sorted({_uuid_hex(r.get("ti_id")) for r in rows})
     have: set[tuple[str, str]] = set()
     for i in range(0, len(ids), 1000):  # bounded IN lists
         chunk = [str(uuid.UUID(h)) for h in ids[i:i + 1000] if len(h) == 32]
         have.update((_uuid_hex(t), str(q)) for t, q in conn.execute(
             select(placements.c.ti_id, placements.c.request_id).where(placements.c.ti_id.in_(chunk))))
-    return [r for r in rows if (_uuid_hex(r["ti_id"]), str(r["request_id"])) not in have]
+    return [r for r in rows if (_uuid_hex(r.get("ti_id")), str(r.get("request_id"))) not in have]
 
 
 def _uuid_hex(value: object) -> str:
@@ -191,16 +191,20 @@ def _uuid_hex(value: object) -> str:
         return str(value)
 
 
-def sent_celery_ids(conn: Connection, celery_ids: Collection[str]) -> set[str]:
+def sent_celery_ids(conn: Connection, celery_ids: Collection[str],
+                    unsent: Collection[tuple[str, str]] = ()) -> set[str]:
     """Of these Celery task ids, those with a placement recorded: the executor records a
     placement just before its publish and clears its Celery id if the publish did not go (a task
     it held, or never got to, has none; one whose scheduler died between the two is taken for sent,
-    as plain Celery takes it, and waits for ``task_queued_timeout`` at worst)."""
+    as plain Celery takes it, and waits for ``task_queued_timeout`` at worst). A row in ``unsent``
+    ((Celery id, request id): its not-sent mark not written yet) does not count."""
     out: set[str] = set()
+    skip = set(unsent)
     ids = sorted(set(celery_ids))
     for i in range(0, len(ids), 1000):  # bounded IN lists
-        rows = conn.execute(select(placements.c.celery_id).where(placements.c.celery_id.in_(ids[i:i + 1000])))
-        out.update(str(r.celery_id) for r in rows)
+        rows = conn.execute(select(placements.c.celery_id, placements.c.request_id)
+                            .where(placements.c.celery_id.in_(ids[i:i + 1000])))
+        out.update(str(r.celery_id) for r in rows if (str(r.celery_id), str(r.request_id)) not in skip)
     return out
 
 
@@ -208,16 +212,23 @@ def sent_celery_ids(conn: Connection, celery_ids: Collection[str]) -> set[str]:
 NOT_SENT = " [not sent: the publish did not go]"
 
 
-def not_sent(conn: Connection, celery_ids: Collection[str]) -> None:
-    """Mark the placements recorded under these Celery ids (written before a publish that did not
-    go) as not sent: no Celery id (adoption then never takes the task for sent), the reason saying
-    so. Kept, not deleted: the row still tells that the task instance's queue is this executor's
-    choice (found by review: deleted, a restarted or another HA scheduler read that queue as a
-    mutation hook's pin)."""
-    ids = sorted(set(celery_ids))
-    for i in range(0, len(ids), 1000):  # bounded IN lists
-        conn.execute(placements.update().where(placements.c.celery_id.in_(ids[i:i + 1000]))
-                     .values(celery_id=None, reason=placements.c.reason + NOT_SENT))
+def not_sent(conn: Connection, rows: Collection[tuple[str, str]]) -> None:
+    """Mark the placements recorded under these (Celery id, request id) pairs (written before a
+    publish that did not go) as not sent: no Celery id (adoption then never takes the task for
+    sent), the reason saying so. By request too: a timed-out publish is retried in the same try,
+    with the same Celery id, and the retry's row must keep it (found by review). Kept, not
+    deleted: the row still tells that the task instance's queue is this executor's choice (found
+    by review: deleted, a restarted or another HA scheduler read that queue as a mutation hook's
+    pin)."""
+    by_request: dict[str, list[str]] = {}
+    for celery_id, request_id in rows:
+        by_request.setdefault(request_id, []).append(celery_id)
+    for request_id, celery_ids in sorted(by_request.items()):
+        ids = sorted(set(celery_ids))
+        for i in range(0, len(ids), 1000):  # bounded IN lists
+            conn.execute(placements.update()
+                         .where(placements.c.request_id == request_id, placements.c.celery_id.in_(ids[i:i + 1000]))
+                         .values(celery_id=None, reason=placements.c.reason + NOT_SENT))
 
 
 @dataclass(frozen=True)

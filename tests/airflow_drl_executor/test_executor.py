@@ -1081,7 +1081,10 @@ def test_a_failing_metrics_backend_never_stops_dispatch(monkeypatch: pytest.Monk
 def test_an_unsent_mark_the_db_refuses_is_applied_at_a_later_heartbeat(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     """A publish that did not go takes its row's Celery id back. was: tried once; refused (a
-    failover), the row kept the id and adoption after a restart watched the task as sent"""
+    failover), the row kept the id and adoption after a restart watched the task as sent. And
+    only that request's row (found by review: a timed-out publish is retried in the same try with
+    the same Celery id; marked by id alone, the retry's row lost it too and adoption rescheduled a
+    task Celery held)."""
     from sqlalchemy import create_engine, select
 
     from airflow_drl_executor import traces
@@ -1090,16 +1093,48 @@ def test_an_unsent_mark_the_db_refuses_is_applied_at_a_later_heartbeat(
     traces.ensure_schema(engine)
     down = {"calls": 0}
     ex = _spooled_executor(monkeypatch, tmp_path, engine, down)
-    ex._record_before_send([("k", _record_of("a"))],
-                           {"k": types.SimpleNamespace(ti=types.SimpleNamespace(external_executor_id="c1"))})
+    workload = {"k": types.SimpleNamespace(ti=types.SimpleNamespace(external_executor_id="c1"))}
+    first = _record_of("a")
+    ex._record_before_send([("k", first)], workload)
     down["calls"] = 1
-    ex._unrecord(["c1"])  # refused
+    ex._unrecord(["c1"], first.request_id)  # refused
     with engine.connect() as conn:
         assert conn.execute(select(traces.placements.c.celery_id)).scalars().all() == ["c1"]
     ti = types.SimpleNamespace(state="queued", external_executor_id="c1", queue="gpu")
+    monkeypatch.setattr(executor_mod.DRLExecutor, "_apply_unmarks", lambda self: None)  # the DB still refuses
     assert ex._never_sent([ti]) == {id(ti)}, "not sent, whatever the row still says"
+    ex._record_before_send([("k", _record_of("a"))], workload)  # the retry, same try, same Celery id: sent
+    assert ex._never_sent([ti]) == set(), "the retry's row says sent"
+    monkeypatch.undo()
+    ex = _spooled_executor(monkeypatch, tmp_path, engine, down)
+    ex._unmark = {("c1", first.request_id)}
     monkeypatch.setattr(executor_mod.CeleryExecutor, "sync", lambda self: None)
-    ex.sync()
+    ex.sync()  # the DB is back
     with engine.connect() as conn:
-        assert conn.execute(select(traces.placements.c.celery_id)).scalars().all() == [None]
+        got = conn.execute(select(traces.placements.c.request_id, traces.placements.c.celery_id)
+                           .order_by(traces.placements.c.id)).all()
+    assert [c for _, c in got] == [None, "c1"] and got[0][0] == first.request_id, "the first request's row only"
     assert ex._unmark == set()
+
+
+def test_a_refused_row_among_many_is_found_in_a_few_transactions(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """was: one transaction per row once the DB refused a batch (10,000 rows: 15 s of the
+    scheduler loop); now halving: a few per refused row"""
+    from sqlalchemy import create_engine, func, select
+
+    from airflow_drl_executor import traces
+
+    engine = create_engine("sqlite://")
+    traces.ensure_schema(engine)
+    ex = _spooled_executor(monkeypatch, tmp_path, engine, {"calls": 0})
+    writes: list[int] = []
+    real = traces.write_rows
+    monkeypatch.setattr(traces, "write_rows", lambda conn, rows: (writes.append(len(rows)), real(conn, rows))[1])
+    records = [_record_of(f"t{i}") for i in range(256)]
+    records[100] = dataclasses.replace(records[100], dag_id=None)
+    ex._record([(("etl", r.task_id), r) for r in records])
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(traces.placements)).scalar() == 255
+    assert len(writes) <= 2 * 8 + 2, writes  # the batch, then two per halving (was: 257)
+    assert ex._unwritten == [] and '"task_id": "t100"' in ex._spool.rejected.read_text()

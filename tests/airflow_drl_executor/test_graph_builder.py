@@ -459,5 +459,15 @@ def test_another_schedulers_task_is_expected_to_take_its_time_on_that_pool(monke
         assert gb.expected_run_s("d", "fit", "cpu-large", None, "v2") == pytest.approx(  # type: ignore[arg-type]
             10.0 * gb.vm_classes["gpu"].speed_for("default") / gb.vm_classes["cpu-large"].speed_for("default"))
     assert read == ["v2"], "read once"
+    from sqlalchemy.exc import OperationalError
+
+    def db_down(version_id, session):  # type: ignore[no-untyped-def]
+        raise OperationalError("SELECT", {}, Exception("server closed the connection"))
+
+    monkeypatch.setattr(gb, "structure", db_down)
+    with pytest.raises(OperationalError):  # the DB's error, as any other this heartbeat: not "unreadable"
+        gb.expected_run_s("d", "fit", "cpu-large", None, "v9")  # type: ignore[arg-type]
+    assert not gb._unreadable.get("v9")
+    monkeypatch.setattr(gb, "structure", lambda version_id, session: structure)
     assert gb.expected_run_s("d", "fit", "gpu", None, "v3") == pytest.approx(10.0), "its history there: not read"  # type: ignore[arg-type]
     assert read == ["v2"]

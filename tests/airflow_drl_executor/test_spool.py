@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 from pathlib import Path
 
 import pytest
 
 from airflow_drl_executor.spool import Spool
+from airflow_drl_executor.traces import PlacementRecord
 
 
 def _row(celery_id: str) -> dict[str, object]:
-    return {"celery_id": celery_id, "task_id": "t", "features": "{}", "score": -1.5,
-            "decided_at": dt.datetime(2026, 12, 6, 9, 30, 1, 250000, tzinfo=dt.UTC)}
+    return PlacementRecord(
+        ti_id="0193a6a4-0000-7000-8000-000000000001", dag_id="etl", run_id="r", task_id="t", map_index=-1,
+        try_number=1, pool="gpu", vm_class="gpu-a10", score=-1.5, reason="r", fallback=False, policy="drl",
+        policy_version="1", request_id="q", decision_ms=1.0, features={"kind": "x"}, celery_id=celery_id,
+    ).row(dt.datetime(2026, 12, 6, 9, 30, 1, 250000, tzinfo=dt.UTC))
 
 
 def _die(spool: Spool) -> None:
@@ -126,3 +131,16 @@ def test_a_failed_save_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytes
     assert sorted(p.suffix for p in tmp_path.iterdir()) == [".jsonl", ".lock"], "no .tmp left"
     monkeypatch.undo()
     assert Spool(tmp_path).celery_ids() == {"x"}, "the previous version stays"
+
+
+def test_rows_that_are_not_placements_are_set_aside_not_taken_over(tmp_path: Path) -> None:
+    """was: a row without its task instance or request (a file written by hand) was taken over and
+    made every later start raise KeyError, as each took over the file of the one before"""
+    a = Spool(tmp_path)
+    a.data.write_text('{"celery_id": "x"}\n' + json.dumps({**_row("y"), "decided_at": "2026-12-06T09:30:01+00:00"})
+                      + "\n")
+    a._saved = True
+    _die(a)
+    b = Spool(tmp_path)
+    assert [r["celery_id"] for r in b.adopt_orphans()] == ["y"]
+    assert '"celery_id": "x"' in b.rejected.read_text()
