@@ -62,6 +62,9 @@ log = logging.getLogger(__name__)
 #: trace rows kept for the next heartbeat while the metadata DB refuses them (a few hundred bytes
 #: each; 10,000 is minutes of a busy scheduler's placements)
 _UNWRITTEN_MAX = 10_000
+#: transactions one heartbeat may spend looking for the rows the DB refuses for their content
+#: (halving: a few per such row; the rest is written at the next heartbeat)
+_WRITE_EACH_BUDGET = 64
 #: task instances whose last queue this executor remembers writing (a few MB at most)
 _WROTE_MAX = 50_000
 
@@ -832,7 +835,12 @@ class DRLExecutor(CeleryExecutor):
         pending = [list(self._unwritten)]
         kept: list[dict[str, Any]] = []
         refused: list[dict[str, Any]] = []
+        budget = _WRITE_EACH_BUDGET  # transactions this heartbeat: the rest waits for the next
         while pending:
+            if budget <= 0:
+                kept = [row for rest in pending for row in rest]
+                break
+            budget -= 1
             chunk = pending.pop(0)
             try:
                 with create_session(scoped=False) as session:
@@ -841,6 +849,8 @@ class DRLExecutor(CeleryExecutor):
             except SQLAlchemyError as exc:
                 if not _refused_for_content(exc):
                     kept = chunk + [row for rest in pending for row in rest]
+                    self.log.warning("DRLExecutor: %d placement trace(s) not written, retried at the next heartbeat: "
+                                     "%s", len(kept), exc)
                     break
                 if len(chunk) > 1:
                     pending[:0] = [chunk[:len(chunk) // 2], chunk[len(chunk) // 2:]]

@@ -33,11 +33,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from airflow_drl_executor.traces import ROW_KEYS
+
 log = logging.getLogger(__name__)
 
 _DATES = ("decided_at",)
-#: what a row must hold to be written (a placement's name and when it was decided)
-_REQUIRED = ("ti_id", "dag_id", "run_id", "task_id", "try_number", "pool", "request_id", "decided_at")
+#: what a row must hold to be written: every column PlacementRecord.row writes
+_REQUIRED = ROW_KEYS
 #: every open spool of this process: a forked child closes their descriptors (see the module doc)
 _OPEN: weakref.WeakSet[Spool] = weakref.WeakSet()
 
@@ -119,7 +121,7 @@ class Spool:
                 log.error("DRLExecutor: cannot read the unwritten placements of %s (left in place): %s", data, exc)
                 os.close(fd)
                 continue
-            bad = [r for r in found if not all(r.get(k) is not None for k in _REQUIRED)]
+            bad = [r for r in found if not all(k in r for k in _REQUIRED)]
             if bad:  # a file written by hand or by something else: kept aside, never the scheduler's end
                 log.error("DRLExecutor: %d row(s) of %s are not placements (set aside in %s)", len(bad), data,
                           self.rejected)
@@ -129,7 +131,7 @@ class Spool:
                     log.error("DRLExecutor: cannot set them aside: %s", exc)
                     os.close(fd)
                     continue
-            rows.extend(r for r in found if all(r.get(k) is not None for k in _REQUIRED))
+            rows.extend(r for r in found if all(k in r for k in _REQUIRED))
             self._claimed.append((fd, lock))
         return rows
 

@@ -164,10 +164,20 @@ def write(conn: Connection, records: Sequence[PlacementRecord]) -> None:
     write_rows(conn, [r.row(now) for r in records])
 
 
+#: the columns a row written by :meth:`PlacementRecord.row` holds (all but the id)
+ROW_KEYS: tuple[str, ...] = tuple(c.name for c in placements.columns if c.name != "id")
+#: the scalar default of the columns that have one
+_DEFAULTS: dict[str, Any] = {c.name: getattr(c.default, "arg", None) for c in placements.columns
+                             if c.default is not None and c.default.is_scalar}
+
+
 def write_rows(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
-    """Insert rows made by :meth:`PlacementRecord.row` in one statement."""
+    """Insert rows made by :meth:`PlacementRecord.row` in one statement, each with every column
+    (a key a row lacks is its column's default, or NULL: found by review, an executemany takes its
+    columns from the first row, and a first row without ``celery_id`` wrote every row of the batch
+    without it)."""
     if rows:
-        conn.execute(insert(placements), list(rows))
+        conn.execute(insert(placements), [{k: r[k] if k in r else _DEFAULTS.get(k) for k in ROW_KEYS} for r in rows])
 
 
 def not_written(conn: Connection, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

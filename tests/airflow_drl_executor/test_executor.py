@@ -1117,6 +1117,18 @@ def test_an_unsent_mark_the_db_refuses_is_applied_at_a_later_heartbeat(
     assert ex._unmark == set()
 
 
+def _counting_writes(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, engine: Any) -> tuple[DRLExecutor, list[int]]:
+    """A spooled executor on ``engine`` (its table made) and the size of each insert it sends."""
+    from airflow_drl_executor import traces
+
+    traces.ensure_schema(engine)
+    ex = _spooled_executor(monkeypatch, tmp_path, engine, {"calls": 0})
+    writes: list[int] = []
+    real = traces.write_rows
+    monkeypatch.setattr(traces, "write_rows", lambda conn, rows: (writes.append(len(rows)), real(conn, rows))[1])
+    return ex, writes
+
+
 def test_a_refused_row_among_many_is_found_in_a_few_transactions(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     """was: one transaction per row once the DB refused a batch (10,000 rows: 15 s of the
@@ -1126,11 +1138,7 @@ def test_a_refused_row_among_many_is_found_in_a_few_transactions(
     from airflow_drl_executor import traces
 
     engine = create_engine("sqlite://")
-    traces.ensure_schema(engine)
-    ex = _spooled_executor(monkeypatch, tmp_path, engine, {"calls": 0})
-    writes: list[int] = []
-    real = traces.write_rows
-    monkeypatch.setattr(traces, "write_rows", lambda conn, rows: (writes.append(len(rows)), real(conn, rows))[1])
+    ex, writes = _counting_writes(monkeypatch, tmp_path, engine)
     records = [_record_of(f"t{i}") for i in range(256)]
     records[100] = dataclasses.replace(records[100], dag_id=None)
     ex._record([(("etl", r.task_id), r) for r in records])
@@ -1138,3 +1146,21 @@ def test_a_refused_row_among_many_is_found_in_a_few_transactions(
         assert conn.execute(select(func.count()).select_from(traces.placements)).scalar() == 255
     assert len(writes) <= 2 * 8 + 2, writes  # the batch, then two per halving (was: 257)
     assert ex._unwritten == [] and '"task_id": "t100"' in ex._spool.rejected.read_text()
+
+
+def test_rows_the_db_refuses_all_cost_a_bounded_number_of_transactions_a_heartbeat(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """found by review: with every row refused (a systematic reason), halving cost two
+    transactions per row, all in one heartbeat; now a budget a heartbeat, the rest at the next"""
+    from sqlalchemy import create_engine
+
+
+    engine = create_engine("sqlite://")
+    ex, writes = _counting_writes(monkeypatch, tmp_path, engine)
+    bad = [dataclasses.replace(_record_of(f"t{i}"), dag_id=None) for i in range(200)]
+    ex._record([(("etl", r.task_id), r) for r in bad])
+    assert len(writes) == executor_mod._WRITE_EACH_BUDGET + 1 and 0 < len(ex._unwritten) < 200
+    monkeypatch.setattr(executor_mod.CeleryExecutor, "sync", lambda self: None)
+    for _ in range(20):
+        ex.sync()
+    assert ex._unwritten == [] and ex._spool.rejected.read_text().count("\n") == 200, "all set aside, over heartbeats"

@@ -167,3 +167,19 @@ def test_last_placements_are_each_task_instances_latest_of_any_try_and_say_if_it
     assert got == {("d", "r", "free", -1): traces.LastPlacement(2, "cpu-small", False),
                    ("d", "r", "pinned", -1): traces.LastPlacement(1, "cpu-large", True),
                    ("d", "r", "fan", 3): traces.LastPlacement(1, "gpu", False)}
+
+
+def test_a_row_without_a_key_writes_null_there_and_not_the_others_rows_without_it() -> None:
+    """was: an executemany took its columns from the first row: a first row without celery_id
+    wrote every row of the batch without its Celery id (adoption then re-sent those tasks)"""
+    from sqlalchemy import select
+
+    engine = create_engine("sqlite://")
+    traces.ensure_schema(engine)
+    now = dt.datetime(2026, 12, 6, tzinfo=dt.UTC)
+    first = _record(U1, celery_id=None).row(now)
+    del first["celery_id"], first["waited_s"]
+    with engine.begin() as conn:
+        traces.write_rows(conn, [first, _record(U2, celery_id="c2").row(now)])
+        got = conn.execute(select(traces.placements.c.celery_id).order_by(traces.placements.c.id)).scalars().all()
+    assert got == [None, "c2"]
