@@ -215,8 +215,10 @@ class DRLExecutor(CeleryExecutor):
         self._adopt_spooled()
         self._flush_traces()
         unwritten = {str(row["celery_id"]) for row in self._unwritten if row.get("celery_id")}
+        unsent = set(self._unmark)
         if self._spool is not None:  # a live executor's too (one whose children hold its lock)
             unwritten |= self._spool.celery_ids()
+            unsent |= self._spool.unsent_pairs()
         try:
             # a session of its own (every DB access of this executor): create_session() hands back
             # the thread's scoped session, here the scheduler's adoption session, and would commit
@@ -227,7 +229,7 @@ class DRLExecutor(CeleryExecutor):
                 if not inspect(conn).has_table(traces.placements.name):
                     return set()
                 sent = traces.sent_celery_ids(conn, [str(ti.external_executor_id) for ti in queued
-                                                     if ti.external_executor_id], unsent=self._unmark)
+                                                     if ti.external_executor_id], unsent=unsent)
         except SQLAlchemyError as exc:
             self.log.warning("DRLExecutor: cannot read placements to adopt tasks: %s", exc)
             return set()
@@ -758,6 +760,9 @@ class DRLExecutor(CeleryExecutor):
             self._keep()
         self._unmark |= {(c, request_id) for c in gone}
         self._apply_unmarks()
+        if self._unmark:  # refused: on disk too, for the next scheduler's adoption
+            self._spool_stale = True
+            self._keep()
 
     def _apply_unmarks(self) -> None:
         """Mark as not sent the rows of the publishes that did not go; those the DB refuses are
@@ -774,7 +779,10 @@ class DRLExecutor(CeleryExecutor):
             self.log.warning("DRLExecutor: cannot mark the placements of %d unsent task(s), retried at the next "
                              "heartbeat: %s", len(self._unmark), exc)
             return
+        if self._spool is not None and self._spool.unsent.exists():
+            self._spool_stale = True
         self._unmark = set()
+        self._keep()
 
     def _record(self, records: Sequence[tuple[Any, traces.PlacementRecord]]) -> None:
         now = datetime.datetime.now(datetime.UTC)
@@ -877,7 +885,7 @@ class DRLExecutor(CeleryExecutor):
         if self._spool is None or not self._spool_stale:
             return
         try:
-            self._spool.save(self._unwritten)
+            self._spool.save(self._unwritten, self._unmark)
         except OSError as exc:  # the dead executors' files stay until then
             self.log.error("DRLExecutor: %d unwritten placement(s) not saved to %s either (kept in memory): %s",
                            len(self._unwritten), self._spool.dir, exc)
@@ -900,8 +908,9 @@ class DRLExecutor(CeleryExecutor):
         so a restarted scheduler's adoption knows those tasks were sent (module :mod:`.spool`)."""
         if self._spool is None:
             return
-        rows = self._spool.adopt_orphans()
+        rows, unsent = self._spool.adopt_orphans()
         self._unwritten = rows + self._unwritten
+        self._unmark |= unsent
         self._spool_stale = True
         self._maybe_written = self._maybe_written or bool(rows)  # a dead one's written rows, file not gone
         self._keep()

@@ -15,8 +15,10 @@ Celery's publishing and state-fetching pools outlive a killed scheduler, and wou
 its lock for ever, found by review). A lock file nobody holds marks an orphan: whoever takes its
 lock reads ``NAME.jsonl``, and deletes both files once the rows are its own (in its memory and
 its own file, written first). ``NAME.jsonl`` is replaced whole (write, fsync, rename), so a crash
-mid-write leaves the previous version. Rows the DB refuses for what they hold (not for being
-down) go to ``NAME.rejected.jsonl``, kept for a person to read.
+mid-write leaves the previous version. ``NAME.unsent.json`` holds the (Celery id, request id) of
+rows whose "not sent" mark (a publish that did not go) the DB has not taken yet, so that the next
+scheduler's adoption does not take those tasks for sent either. Rows the DB refuses for what they
+hold (not for being down) go to ``NAME.rejected.jsonl``, kept for a person to read.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import os
 import socket
 import uuid
 import weakref
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,7 @@ class Spool:
         self.name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.data = self.dir / f"{self.name}.jsonl"
         self.rejected = self.dir / f"{self.name}.rejected.jsonl"
+        self.unsent = self.dir / f"{self.name}.unsent.json"
         self._lock_path = self.dir / f"{self.name}.lock"
         # locked under a name other adopters do not look at, then renamed (the lock goes with the
         # file): a fresh lock file is never taken for an orphan's (found by review)
@@ -73,13 +76,20 @@ class Spool:
             raise
         self._lock_fd: int | None = fd
         self._saved = False
+        self._unsent_saved = False
         #: orphans taken by :meth:`adopt_orphans`, their files deleted by :meth:`release`
         self._claimed: list[tuple[int, Path]] = []
         _OPEN.add(self)
 
-    def save(self, rows: list[dict[str, Any]]) -> None:
-        """Replace this process's file with ``rows`` (none: remove it). ``OSError`` when the disk
-        refuses too (no partial file is left)."""
+    def save(self, rows: list[dict[str, Any]], unsent: Collection[tuple[str, str]] = ()) -> None:
+        """Replace this process's files with ``rows`` and the ``unsent`` (Celery id, request id)
+        pairs (none: remove them). ``OSError`` when the disk refuses too (no partial file is left)."""
+        if unsent:
+            _replace(self.unsent, json.dumps(sorted([c, r] for c, r in unsent)))
+            self._unsent_saved = True
+        elif self._unsent_saved:
+            self.unsent.unlink(missing_ok=True)
+            self._unsent_saved = False
         if not rows:
             if self._saved:
                 self.data.unlink(missing_ok=True)
@@ -94,11 +104,12 @@ class Spool:
             for row in rows:
                 fh.write(_line(row))
 
-    def adopt_orphans(self) -> list[dict[str, Any]]:
-        """The rows of every file whose process is gone, now this process's to write: the caller
-        keeps them with its own and :meth:`save` s them before :meth:`release` deletes the
-        orphans' files. Files that cannot be opened or read are logged and left in place."""
+    def adopt_orphans(self) -> tuple[list[dict[str, Any]], set[tuple[str, str]]]:
+        """The rows and unsent pairs of every process that is gone, now this process's to write:
+        the caller keeps them with its own and :meth:`save` s them before :meth:`release` deletes
+        the orphans' files. Files that cannot be opened or read are logged and left in place."""
         rows: list[dict[str, Any]] = []
+        unsent: set[tuple[str, str]] = set()
         for lock in sorted(self.dir.glob("*.lock")):
             if lock == self._lock_path:
                 continue
@@ -117,6 +128,7 @@ class Spool:
             data = lock.with_suffix(".jsonl")
             try:
                 found = _read(data) if data.exists() else []
+                marks = _read_unsent(lock.with_suffix(".unsent.json"))
             except (OSError, ValueError) as exc:
                 log.error("DRLExecutor: cannot read the unwritten placements of %s (left in place): %s", data, exc)
                 os.close(fd)
@@ -132,8 +144,9 @@ class Spool:
                     os.close(fd)
                     continue
             rows.extend(r for r in found if all(k in r for k in _REQUIRED))
+            unsent |= marks
             self._claimed.append((fd, lock))
-        return rows
+        return rows, unsent
 
     def celery_ids(self) -> set[str]:
         """The Celery ids of the rows of every readable file here, live executors' included: the
@@ -148,10 +161,22 @@ class Spool:
                 log.warning("DRLExecutor: cannot read %s: %s", path, exc)
         return out
 
+    def unsent_pairs(self) -> set[tuple[str, str]]:
+        """The (Celery id, request id) pairs of every readable unsent file here, live executors'
+        included: rows whose publish did not go, whatever the DB still says."""
+        out: set[tuple[str, str]] = set()
+        for path in self.dir.glob("*.unsent.json"):
+            try:
+                out |= _read_unsent(path)
+            except (OSError, ValueError) as exc:
+                log.warning("DRLExecutor: cannot read %s: %s", path, exc)
+        return out
+
     def release(self) -> None:
         """Delete the files :meth:`adopt_orphans` took (their rows are saved in this process's)."""
         for fd, lock in self._claimed:
-            for path in (lock.with_suffix(".jsonl"), lock.with_suffix(".tmp"), lock):
+            for path in (lock.with_suffix(".jsonl"), lock.with_suffix(".unsent.json"), lock.with_suffix(".tmp"),
+                         lock.with_suffix(".unsent.tmp"), lock):
                 try:
                     path.unlink(missing_ok=True)
                 except OSError as exc:
@@ -164,7 +189,7 @@ class Spool:
         next executor here writes them)."""
         if self._lock_fd is None:
             return
-        if not self._saved:
+        if not self._saved and not self._unsent_saved:
             self._lock_path.unlink(missing_ok=True)
         os.close(self._lock_fd)
         self._lock_fd = None
@@ -197,17 +222,30 @@ def _line(row: dict[str, Any]) -> str:
 
 
 def _write(path: Path, rows: list[dict[str, Any]]) -> None:
+    _replace(path, "".join(_line(row) for row in rows))
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (write, fsync, rename)."""
     tmp = path.with_suffix(".tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as fh:
-            for row in rows:
-                fh.write(_line(row))
+            fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _read_unsent(path: Path) -> set[tuple[str, str]]:
+    if not path.exists():
+        return set()
+    pairs = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+        raise ValueError(f"not a list of [celery id, request id]: {str(pairs)[:80]}")
+    return {(str(c), str(r)) for c, r in pairs}
 
 
 def _read(path: Path) -> list[dict[str, Any]]:

@@ -1040,7 +1040,7 @@ def test_the_spool_is_written_only_when_its_rows_change_and_closed_after_the_las
     ex = _spooled_executor(monkeypatch, tmp_path, engine, down)
     saves: list[int] = []
     real = type(ex._spool).save
-    monkeypatch.setattr(type(ex._spool), "save", lambda self, rows: (saves.append(len(rows)), real(self, rows))[1])
+    monkeypatch.setattr(type(ex._spool), "save", lambda self, rows, *a: (saves.append(len(rows)), real(self, rows, *a))[1])
     ex.workloads[("etl", "a")] = types.SimpleNamespace(task_id="celery-a")
     ex._record([(("etl", "a"), _record_of("a"))])
     monkeypatch.setattr(executor_mod.CeleryExecutor, "sync", lambda self: None)
@@ -1164,3 +1164,35 @@ def test_rows_the_db_refuses_all_cost_a_bounded_number_of_transactions_a_heartbe
     for _ in range(20):
         ex.sync()
     assert ex._unwritten == [] and ex._spool.rejected.read_text().count("\n") == 200, "all set aside, over heartbeats"
+
+
+def test_an_unsent_mark_the_db_refused_reaches_the_next_schedulers_adoption(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """found by review: the pending mark lived in memory only; a scheduler that died before the
+    DB took it left the next one's adoption to watch that task as sent until task_queued_timeout"""
+    from sqlalchemy import create_engine, select
+
+    from airflow_drl_executor import traces
+
+    engine = create_engine("sqlite://")
+    traces.ensure_schema(engine)
+    down = {"calls": 0}
+    ex = _spooled_executor(monkeypatch, tmp_path, engine, down)
+    first = _record_of("a")
+    ex._record_before_send([("k", first)], {"k": types.SimpleNamespace(ti=types.SimpleNamespace(
+        external_executor_id="c1"))})
+    down["calls"] = 1
+    ex._unrecord(["c1"], first.request_id)  # refused; then the scheduler is killed
+    assert ex._spool is not None and ex._spool._lock_fd is not None
+    import os
+
+    os.close(ex._spool._lock_fd)
+    ex._spool._lock_fd = None
+    nxt = _spooled_executor(monkeypatch, tmp_path, engine, down)  # the DB is back; the row still says c1
+    ti = types.SimpleNamespace(state="queued", external_executor_id="c1", queue="gpu")
+    assert nxt._never_sent([ti]) == {id(ti)}, "its publish did not go: rescheduled, not watched as sent"
+    monkeypatch.setattr(executor_mod.CeleryExecutor, "sync", lambda self: None)
+    nxt.sync()
+    with engine.connect() as conn:
+        assert conn.execute(select(traces.placements.c.celery_id)).scalars().all() == [None]
+    assert nxt._spool.unsent_pairs() == set()

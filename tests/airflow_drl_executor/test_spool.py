@@ -31,16 +31,16 @@ def _die(spool: Spool) -> None:
 def test_a_live_executors_rows_are_its_own_and_a_dead_ones_are_taken_over_once(tmp_path: Path) -> None:
     a, b, c = Spool(tmp_path), Spool(tmp_path), Spool(tmp_path)
     a.save([_row("x"), _row("y")])
-    assert b.adopt_orphans() == [], "a's process is alive: its rows are its own"
+    assert b.adopt_orphans()[0] == [], "a's process is alive: its rows are its own"
     _die(a)
-    got = b.adopt_orphans()
+    got = b.adopt_orphans()[0]
     assert got == [_row("x"), _row("y")], "the same rows, dates included"
-    assert c.adopt_orphans() == [], "taken by b: c does not write them a second time"
+    assert c.adopt_orphans()[0] == [], "taken by b: c does not write them a second time"
     b.save(got)
     b.release()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [f"{b.name}.jsonl", f"{b.name}.lock", f"{c.name}.lock"]), "a's files gone once b saved its rows"
-    assert c.adopt_orphans() == []
+    assert c.adopt_orphans()[0] == []
 
 
 def test_rows_written_leave_no_file_and_a_clean_stop_keeps_what_is_left(tmp_path: Path) -> None:
@@ -54,7 +54,7 @@ def test_rows_written_leave_no_file_and_a_clean_stop_keeps_what_is_left(tmp_path
     b.save([_row("z")])
     b.close()  # the DB still down at the stop
     c = Spool(tmp_path)
-    assert c.adopt_orphans() == [_row("z")]
+    assert c.adopt_orphans()[0] == [_row("z")]
 
 
 def test_an_unreadable_file_is_left_in_place_and_the_others_are_taken(tmp_path: Path) -> None:
@@ -65,7 +65,7 @@ def test_an_unreadable_file_is_left_in_place_and_the_others_are_taken(tmp_path: 
     _die(a)
     _die(b)
     c = Spool(tmp_path)
-    assert c.adopt_orphans() == [_row("y")]
+    assert c.adopt_orphans()[0] == [_row("y")]
     c.save([_row("y")])
     c.release()
     assert a.data.exists(), "kept for a person to read: its rows are not lost"
@@ -90,7 +90,7 @@ def test_a_forked_child_does_not_keep_a_dead_executors_rows_from_the_next(tmp_pa
     try:
         assert os.read(ready_r, 1) == b"1"
         _die(a)
-        assert b.adopt_orphans() == [_row("x")]
+        assert b.adopt_orphans()[0] == [_row("x")]
     finally:
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
@@ -114,7 +114,7 @@ def test_a_lock_file_this_user_cannot_open_is_left_and_the_others_are_taken(
 
     monkeypatch.setattr(os, "open", open_)
     c = Spool(tmp_path)
-    assert c.adopt_orphans() == [_row("y")]
+    assert c.adopt_orphans()[0] == [_row("y")]
     assert c.celery_ids() == {"x", "y"}, "adoption still counts a's row as sent"
 
 
@@ -143,5 +143,20 @@ def test_rows_that_are_not_placements_are_set_aside_not_taken_over(tmp_path: Pat
     a._saved = True
     _die(a)
     b = Spool(tmp_path)
-    assert [r["celery_id"] for r in b.adopt_orphans()] == ["y"]
+    assert [r["celery_id"] for r in b.adopt_orphans()[0]] == ["y"]
     assert '"celery_id": "x"' in b.rejected.read_text() and '"celery_id": "w"' in b.rejected.read_text()
+
+
+def test_unsent_marks_outlive_their_process_and_go_once_written(tmp_path: Path) -> None:
+    """The (Celery id, request id) of rows whose not-sent mark the DB refused: every executor
+    here sees them, the next one takes a dead one's over. was: in memory only, so the next
+    scheduler's adoption took such a task for sent"""
+    a, b = Spool(tmp_path), Spool(tmp_path)
+    a.save([_row("x")], {("x", "q")})
+    assert b.unsent_pairs() == {("x", "q")}, "a live one's too"
+    _die(a)
+    assert b.adopt_orphans() == ([_row("x")], {("x", "q")})
+    b.save([_row("x")], {("x", "q")})
+    b.release()
+    b.save([], set())  # written and marked
+    assert b.unsent_pairs() == set() and sorted(p.name for p in tmp_path.iterdir()) == [f"{b.name}.lock"]
