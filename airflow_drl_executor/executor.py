@@ -158,6 +158,7 @@ class DRLExecutor(CeleryExecutor):
                                           if live.get(spec.name, 0) == 0 and spec.floor > 0)
         metrics.gauges(held=sum(1 for key in self._held_since if key in self.queued_tasks), pools_down=down,
                        unwritten=len(self._unwritten))
+        self._keep()  # a save the disk refused earlier (nothing when the spool is up to date)
 
     def end(self, synchronous: bool = False) -> None:
         self._flush_traces()
@@ -750,19 +751,15 @@ class DRLExecutor(CeleryExecutor):
         if not celery_ids:
             return
         gone = set(celery_ids)
-        changed = False
         for row in self._unwritten:
             if row.get("celery_id") in gone:
                 row.update(celery_id=None, reason=str(row.get("reason", "")) + traces.NOT_SENT)
-                changed = True
-        if changed:
-            self._spool_stale = True
-            self._keep()
+        # the rows and the pending marks saved together before the DB is tried (found by review:
+        # a scheduler killed while that try waited left a cleared row on disk without its mark)
         self._unmark |= {(c, request_id) for c in gone}
+        self._spool_stale = True
+        self._keep()
         self._apply_unmarks()
-        if self._unmark:  # refused: on disk too, for the next scheduler's adoption
-            self._spool_stale = True
-            self._keep()
 
     def _apply_unmarks(self) -> None:
         """Mark as not sent the rows of the publishes that did not go; those the DB refuses are

@@ -126,9 +126,9 @@ class Spool:
                 os.close(fd)
                 continue
             data = lock.with_suffix(".jsonl")
+            marks = self._marks_of(lock.with_suffix(".unsent.json"))
             try:
                 found = _read(data) if data.exists() else []
-                marks = _read_unsent(lock.with_suffix(".unsent.json"))
             except (OSError, ValueError) as exc:
                 log.error("DRLExecutor: cannot read the unwritten placements of %s (left in place): %s", data, exc)
                 os.close(fd)
@@ -160,6 +160,19 @@ class Spool:
             except (OSError, ValueError) as exc:
                 log.warning("DRLExecutor: cannot read %s: %s", path, exc)
         return out
+
+    def _marks_of(self, path: Path) -> set[tuple[str, str]]:
+        """A dead process's unsent pairs; a file that cannot be read is set aside under a name of
+        its own (``.unsent.rejected.json``) and its process's rows are taken all the same."""
+        try:
+            return _read_unsent(path)
+        except (OSError, ValueError) as exc:
+            log.error("DRLExecutor: cannot read %s (set aside): %s", path, exc)
+            try:
+                path.rename(path.with_suffix(".rejected.json"))
+            except OSError:
+                pass
+            return set()
 
     def unsent_pairs(self) -> set[tuple[str, str]]:
         """The (Celery id, request id) pairs of every readable unsent file here, live executors'
@@ -239,10 +252,18 @@ def _replace(path: Path, text: str) -> None:
         raise
 
 
+def _loads(text: str) -> Any:
+    """``json.loads``; ``ValueError`` for anything it cannot take (nesting too deep included)."""
+    try:
+        return json.loads(text)
+    except RecursionError as exc:
+        raise ValueError(f"nested too deeply: {exc}") from None
+
+
 def _read_unsent(path: Path) -> set[tuple[str, str]]:
     if not path.exists():
         return set()
-    pairs = json.loads(path.read_text(encoding="utf-8"))
+    pairs = _loads(path.read_text(encoding="utf-8"))
     if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
         raise ValueError(f"not a list of [celery id, request id]: {str(pairs)[:80]}")
     return {(str(c), str(r)) for c, r in pairs}
@@ -254,7 +275,7 @@ def _read(path: Path) -> list[dict[str, Any]]:
         for line in fh:
             if not line.strip():
                 continue
-            row = json.loads(line)
+            row = _loads(line)
             if not isinstance(row, dict):
                 raise ValueError(f"not a row: {line[:80]!r}")
             for key in _DATES:

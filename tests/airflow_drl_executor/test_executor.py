@@ -1196,3 +1196,44 @@ def test_an_unsent_mark_the_db_refused_reaches_the_next_schedulers_adoption(
     with engine.connect() as conn:
         assert conn.execute(select(traces.placements.c.celery_id)).scalars().all() == [None]
     assert nxt._spool.unsent_pairs() == set()
+
+
+def test_a_cleared_row_and_its_pending_mark_are_on_disk_before_the_db_is_tried(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """found by review: the cleared row was saved first, its mark only after the DB's answer (a
+    connect timeout): a scheduler killed meanwhile left the next one to take the task for sent;
+    and a save the disk refused was not tried again while no new row came"""
+    from sqlalchemy import create_engine
+
+    from airflow_drl_executor import traces
+
+    engine = create_engine("sqlite://")
+    traces.ensure_schema(engine)
+    down = {"calls": 1}
+    ex = _spooled_executor(monkeypatch, tmp_path, engine, down)
+    rec = _record_of("a")
+    ex._record_before_send([("k", rec)], {"k": types.SimpleNamespace(ti=types.SimpleNamespace(
+        external_executor_id="c1"))})  # the DB refuses: the row waits with c1
+    assert ex._spool is not None
+    seen: list[tuple[set, bool]] = []
+    monkeypatch.setattr(executor_mod.DRLExecutor, "_apply_unmarks", lambda self: seen.append(
+        (self._spool.unsent_pairs(), '"celery_id": null' in self._spool.data.read_text())))
+    ex._unrecord(["c1"], rec.request_id)
+    assert seen == [({("c1", rec.request_id)}, True)], "both on disk when the DB is tried"
+    real_save = type(ex._spool).save
+    full = {"n": 1}
+
+    def save(self, rows, unsent=()):  # type: ignore[no-untyped-def]
+        if full["n"]:
+            full["n"] -= 1
+            raise OSError(28, "No space left on device")
+        return real_save(self, rows, unsent)
+
+    monkeypatch.setattr(type(ex._spool), "save", save)
+    ex._unmark.add(("c2", "r2"))
+    ex._spool_stale = True
+    ex._keep()  # the disk refuses
+    monkeypatch.setattr(executor_mod.CeleryExecutor, "sync", lambda self: None)
+    down["calls"] = 5  # the DB still down: nothing new is written
+    ex.sync()
+    assert ("c2", "r2") in ex._spool.unsent_pairs(), "saved at the next heartbeat"

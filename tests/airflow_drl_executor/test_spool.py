@@ -160,3 +160,15 @@ def test_unsent_marks_outlive_their_process_and_go_once_written(tmp_path: Path) 
     b.release()
     b.save([], set())  # written and marked
     assert b.unsent_pairs() == set() and sorted(p.name for p in tmp_path.iterdir()) == [f"{b.name}.lock"]
+
+
+def test_an_unreadable_unsent_file_is_set_aside_and_its_rows_are_taken_all_the_same(tmp_path: Path) -> None:
+    """found by review: a malformed unsent file kept its process's rows from the DB for ever, and
+    one nested too deeply raised RecursionError out of the scheduler's start"""
+    a = Spool(tmp_path)
+    a.save([_row("x")], {("x", "q")})
+    a.unsent.write_text("[" * 100_000)
+    _die(a)
+    b = Spool(tmp_path)
+    assert b.adopt_orphans() == ([_row("x")], set())
+    assert (tmp_path / f"{a.name}.unsent.rejected.json").exists() and b.unsent_pairs() == set()
