@@ -1166,6 +1166,19 @@ def test_rows_the_db_refuses_all_cost_a_bounded_number_of_transactions_a_heartbe
     assert ex._unwritten == [] and ex._spool.rejected.read_text().count("\n") == 200, "all set aside, over heartbeats"
 
 
+def _placed_as_c1(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, engine: Any, down: dict[str, int]
+                  ) -> tuple[DRLExecutor, Any]:
+    """A spooled executor on ``engine`` (its table made) that recorded a placement under Celery id c1."""
+    from airflow_drl_executor import traces
+
+    traces.ensure_schema(engine)
+    ex = _spooled_executor(monkeypatch, tmp_path, engine, down)
+    rec = _record_of("a")
+    ex._record_before_send([("k", rec)], {"k": types.SimpleNamespace(ti=types.SimpleNamespace(
+        external_executor_id="c1"))})
+    return ex, rec
+
+
 def test_an_unsent_mark_the_db_refused_reaches_the_next_schedulers_adoption(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     """found by review: the pending mark lived in memory only; a scheduler that died before the
@@ -1175,12 +1188,8 @@ def test_an_unsent_mark_the_db_refused_reaches_the_next_schedulers_adoption(
     from airflow_drl_executor import traces
 
     engine = create_engine("sqlite://")
-    traces.ensure_schema(engine)
     down = {"calls": 0}
-    ex = _spooled_executor(monkeypatch, tmp_path, engine, down)
-    first = _record_of("a")
-    ex._record_before_send([("k", first)], {"k": types.SimpleNamespace(ti=types.SimpleNamespace(
-        external_executor_id="c1"))})
+    ex, first = _placed_as_c1(monkeypatch, tmp_path, engine, down)
     down["calls"] = 1
     ex._unrecord(["c1"], first.request_id)  # refused; then the scheduler is killed
     assert ex._spool is not None and ex._spool._lock_fd is not None
@@ -1205,15 +1214,10 @@ def test_a_cleared_row_and_its_pending_mark_are_on_disk_before_the_db_is_tried(
     and a save the disk refused was not tried again while no new row came"""
     from sqlalchemy import create_engine
 
-    from airflow_drl_executor import traces
 
     engine = create_engine("sqlite://")
-    traces.ensure_schema(engine)
     down = {"calls": 1}
-    ex = _spooled_executor(monkeypatch, tmp_path, engine, down)
-    rec = _record_of("a")
-    ex._record_before_send([("k", rec)], {"k": types.SimpleNamespace(ti=types.SimpleNamespace(
-        external_executor_id="c1"))})  # the DB refuses: the row waits with c1
+    ex, rec = _placed_as_c1(monkeypatch, tmp_path, engine, down)  # the DB refuses: the row waits with c1
     assert ex._spool is not None
     seen: list[tuple[set, bool]] = []
     monkeypatch.setattr(executor_mod.DRLExecutor, "_apply_unmarks", lambda self: seen.append(
