@@ -154,8 +154,7 @@ class DRLExecutor(CeleryExecutor):
         super().sync()
         self._apply_unmarks()  # once a heartbeat, not before every publish (found by review)
         live = self._pool_watch.live_workers() if self._pool_watch is not None else None
-        down = 0 if live is None else sum(1 for spec in self.catalogue.pools
-                                          if live.get(spec.name, 0) == 0 and spec.floor > 0)
+        down = sum(not _up(spec, live) for spec in self.catalogue.pools)
         metrics.gauges(held=sum(1 for key in self._held_since if key in self.queued_tasks), pools_down=down,
                        unwritten=len(self._unwritten))
         self._keep()  # a save the disk refused earlier (nothing when the spool is up to date)
@@ -335,11 +334,8 @@ class DRLExecutor(CeleryExecutor):
         live = self._pool_watch.live_workers() if self._pool_watch is not None else None
         states = []
         for spec in self.catalogue.pools:
-            workers, up = spec.workers, True
-            if live is not None:
-                workers = live.get(spec.name, 0)
-                up = workers > 0 or spec.floor == 0
-            states.append(spec.state(workers=workers, up=up))
+            workers = spec.workers if live is None else live.get(spec.name, 0)
+            states.append(spec.state(workers=workers, up=_up(spec, live)))
         loads = self.ledger.loads({st.name: st.slots for st in states}, time.time(), alive=self.running,
                                   started=self._started, running_there=self._running_in_db, others=self._others)
         out = []
@@ -776,9 +772,8 @@ class DRLExecutor(CeleryExecutor):
             self.log.warning("DRLExecutor: cannot mark the placements of %d unsent task(s), retried at the next "
                              "heartbeat: %s", len(self._unmark), exc)
             return
-        if self._spool is not None and self._spool.unsent.exists():
-            self._spool_stale = True
         self._unmark = set()
+        self._spool_stale = True  # its unsent file goes
         self._keep()
 
     def _record(self, records: Sequence[tuple[Any, traces.PlacementRecord]]) -> None:
@@ -796,9 +791,10 @@ class DRLExecutor(CeleryExecutor):
         past that: the traces are what a restarted scheduler's adoption reads to tell a task sent to
         Celery from one never sent, and a sent task without its row would be rescheduled while Celery
         still runs it (found by review: one DB error lost the rows for good). A refusal for a row's
-        content (:func:`_refused_for_content`) is not an outage: the rows are written one by one and
-        those refused are set aside in the spool's rejected file (found by review: one such row was
-        retried for ever and kept every later row out of the DB, across restarts with the spool)."""
+        content (:func:`_refused_for_content`) is not an outage: the rows it refuses are found by
+        halving the batch (:meth:`_write_each`) and set aside in the spool's rejected file (found
+        by review: one such row was retried for ever and kept every later row out of the DB, across
+        restarts with the spool)."""
         from airflow.utils.session import create_session
 
         if not self._unwritten:
@@ -809,8 +805,7 @@ class DRLExecutor(CeleryExecutor):
                 if not self._traces_ready:
                     traces.ensure_schema(conn.engine)
                     self._traces_ready = True
-                rows = traces.not_written(conn, self._unwritten) if self._maybe_written else self._unwritten
-                traces.write_rows(conn, rows)
+                self._insert(conn, self._unwritten)
         except SQLAlchemyError as exc:
             if _refused_for_content(exc):
                 self._write_each()
@@ -829,6 +824,10 @@ class DRLExecutor(CeleryExecutor):
         self._maybe_written = False
         self._spool_stale = True
         self._keep()
+
+    def _insert(self, conn: Any, rows: list[dict[str, Any]]) -> None:
+        """Insert ``rows``, those already in the table left out while some may be there."""
+        traces.write_rows(conn, traces.not_written(conn, rows) if self._maybe_written else rows)
 
     def _write_each(self) -> None:
         """Write the unwritten rows, halving a batch the DB refuses for its content until the rows it
@@ -850,7 +849,7 @@ class DRLExecutor(CeleryExecutor):
             try:
                 with create_session(scoped=False) as session:
                     conn = session.connection()
-                    traces.write_rows(conn, traces.not_written(conn, chunk) if self._maybe_written else chunk)
+                    self._insert(conn, chunk)
             except SQLAlchemyError as exc:
                 if not _refused_for_content(exc):
                     kept = chunk + [row for rest in pending for row in rest]
@@ -915,6 +914,12 @@ class DRLExecutor(CeleryExecutor):
             self.log.warning("DRLExecutor: %d placement(s) a stopped scheduler could not write taken over from %s",
                              len(rows), self._spool.dir)
             self._flush_traces()
+
+
+def _up(spec: Any, live: Mapping[str, int] | None) -> bool:
+    """Whether a catalogue pool is up: with the liveness check on (``live``: its live Celery
+    workers), a pool that must have a worker has one; one that may scale to zero always is."""
+    return live is None or live.get(spec.name, 0) > 0 or spec.floor == 0
 
 
 def _refused_for_content(exc: SQLAlchemyError) -> bool:

@@ -31,13 +31,14 @@ import os
 import socket
 import uuid
 import weakref
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from airflow_drl_executor.traces import ROW_KEYS
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 _DATES = ("decided_at",)
 #: what a row must hold to be written: every column PlacementRecord.row writes
@@ -151,15 +152,8 @@ class Spool:
     def celery_ids(self) -> set[str]:
         """The Celery ids of the rows of every readable file here, live executors' included: the
         tasks those rows were written for were sent (or are being sent) to Celery."""
-        out: set[str] = set()
-        for path in self.dir.glob("*.jsonl"):
-            if path.name.endswith(".rejected.jsonl"):
-                continue
-            try:
-                out.update(str(r["celery_id"]) for r in _read(path) if r.get("celery_id"))
-            except (OSError, ValueError) as exc:
-                log.warning("DRLExecutor: cannot read %s: %s", path, exc)
-        return out
+        return {str(r["celery_id"]) for path in self.dir.glob("*.jsonl") if not path.name.endswith(".rejected.jsonl")
+                for r in _readable(path, _read) if r.get("celery_id")}
 
     def _marks_of(self, path: Path) -> set[tuple[str, str]]:
         """A dead process's unsent pairs; a file that cannot be read is set aside under a name of
@@ -177,13 +171,7 @@ class Spool:
     def unsent_pairs(self) -> set[tuple[str, str]]:
         """The (Celery id, request id) pairs of every readable unsent file here, live executors'
         included: rows whose publish did not go, whatever the DB still says."""
-        out: set[tuple[str, str]] = set()
-        for path in self.dir.glob("*.unsent.json"):
-            try:
-                out |= _read_unsent(path)
-            except (OSError, ValueError) as exc:
-                log.warning("DRLExecutor: cannot read %s: %s", path, exc)
-        return out
+        return {pair for path in self.dir.glob("*.unsent.json") for pair in _readable(path, _read_unsent)}
 
     def release(self) -> None:
         """Delete the files :meth:`adopt_orphans` took (their rows are saved in this process's)."""
@@ -227,6 +215,15 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _readable(path: Path, read: Callable[[Path], Iterable[_T]]) -> Iterable[_T]:
+    """What ``read`` finds in ``path``; nothing (logged) for a file it cannot read."""
+    try:
+        return read(path)
+    except (OSError, ValueError) as exc:
+        log.warning("DRLExecutor: cannot read %s: %s", path, exc)
+        return ()
 
 
 def _line(row: dict[str, Any]) -> str:
