@@ -137,14 +137,30 @@ def start_server(url: str, prefix: str, extra: list[str] | None = None,
     return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
 
 
-def wait_for_server(r: redis.Redis, keys: Keys, count: int = 1, timeout_s: float = 30.0) -> None:
-    """Wait until ``count`` replicas have written a heartbeat."""
+def wait_for_server(r: redis.Redis, keys: Keys, count: int = 1, timeout_s: float = 30.0,
+                    procs: Sequence[subprocess.Popen[bytes]] = ()) -> None:
+    """Wait until ``count`` replicas have written a heartbeat; a process of ``procs`` (the private
+    servers) that exits first ends the wait at once."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if r.hlen(keys.heartbeat) >= count:
             return
+        dead = [p for p in procs if p.poll() is not None]
+        if dead:
+            raise RuntimeError(f"the policy server exited with status {dead[0].returncode} before it served")
         time.sleep(0.05)
     raise RuntimeError(f"no policy server heartbeat on {keys.heartbeat} within {timeout_s} s")
+
+
+class ServerDidNotStart(RuntimeError):
+    """A private server exited, or wrote no heartbeat in time, before the measurement began."""
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
 
 
 # --- workload ------------------------------------------------------------------------------------
@@ -426,6 +442,9 @@ def _stack(args: argparse.Namespace, keys: Keys) -> Iterator[tuple[str, list[int
         return
     rs = start_redis()
     servers: list[subprocess.Popen[bytes]] = []
+    scratch = tempfile.mkdtemp(prefix="drlbench-")
+    # the servers' output: kept only to say why one did not start (or where --server-log says)
+    log_path = Path(args.server_log or Path(scratch) / "server.log")
     try:
         extra = ["--placer", args.placer, "--batch-max", str(args.batch_max), "--device", args.device,
                  "--batch-wait-ms", str(args.batch_wait_ms)]
@@ -433,9 +452,13 @@ def _stack(args: argparse.Namespace, keys: Keys) -> Iterator[tuple[str, list[int
             extra += ["--registry", args.registry]
         for i in range(args.replicas):
             servers.append(start_server(rs.url, keys.prefix, [*extra, "--consumer", f"bench-{i}"],
-                                        log_path=args.server_log))
+                                        log_path=str(log_path)))
         # replicas load torch and the model at the same time: give each some start-up time
-        wait_for_server(rs.client(), keys, count=args.replicas, timeout_s=30.0 + 15.0 * args.replicas)
+        try:
+            wait_for_server(rs.client(), keys, count=args.replicas, timeout_s=30.0 + 15.0 * args.replicas,
+                            procs=servers)
+        except RuntimeError as exc:
+            raise ServerDidNotStart(f"{exc}; the end of its log:\n{_tail(log_path)}") from None
         yield rs.url, [server.pid for server in servers]
     finally:
         for server in servers:
@@ -446,6 +469,7 @@ def _stack(args: argparse.Namespace, keys: Keys) -> Iterator[tuple[str, list[int
             except subprocess.TimeoutExpired:
                 server.kill()
         rs.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _int_list(lo: int) -> Callable[[str], list[int]]:
@@ -537,6 +561,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except ServerDidNotStart as exc:
+        print(f"drl-policy bench: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
     keys = Keys(args.prefix)
     catalogue: Catalogue = args.catalogue  # loaded and validated by the parser
     doc: dict[str, Any] = {"command": " ".join(sys.argv), "host": socket.gethostname(),

@@ -1,4 +1,4 @@
-"""``drl-policy``: the policy server's command line (``serve``, ``bench``).
+"""``drl-policy``: the policy server's command line (``serve``, ``bench``, ``registry``).
 
 Each subcommand lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``;
 this module only dispatches, so ``--help`` stays fast and imports nothing heavy.
@@ -14,6 +14,7 @@ import sys
 SUBCOMMANDS = {
     "serve": ("policy.server", "serve placement requests from Redis"),
     "bench": ("policy.bench", "measure round-trip latency and throughput through a real Redis"),
+    "registry": ("policy.registry_cli", "show the model registry; activate a checked checkpoint; roll back"),
 }
 
 

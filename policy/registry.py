@@ -57,6 +57,8 @@ MANIFEST = "active.json"
 LAST_GOOD = "last_good.json"
 #: Held (``flock``) by writers around "read the active checkpoint, compare, activate".
 ACTIVATION_LOCK = ".activate.lock"
+#: Every activation, one JSON line each (read by :func:`history`, ``drl-policy registry``).
+HISTORY = "history.jsonl"
 #: What an I/O failure was reading, for reporting each distinct one once (see ModelRegistry._io_failure).
 _MANIFEST_READ, _CHECKPOINT_READ = "manifest", "checkpoint"
 
@@ -105,13 +107,47 @@ def checkpoint_sha256(path: Path) -> str:
 
 def activate(root: str | Path, checkpoint: str | Path, *, sha256: str | None = None,
              note: str = "") -> Path:
-    """Point the registry at ``checkpoint`` (atomic rename; servers pick it up on their next poll)."""
+    """Point the registry at ``checkpoint`` (atomic rename; servers pick it up on their next poll).
+
+    ``checkpoint`` is written as given: a relative path is relative to ``root`` (see the module's
+    docstring); nothing is checked here (``drl-policy registry activate`` checks first). Each
+    activation is also appended to ``<root>/history.jsonl`` (:func:`history`), best effort."""
     doc: dict[str, str] = {"checkpoint": str(checkpoint)}
     if sha256:
         doc["sha256"] = sha256
     if note:
         doc["note"] = note
-    return _write_json(Path(root), MANIFEST, doc)
+    manifest = _write_json(Path(root), MANIFEST, doc)
+    line = json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **doc}) + "\n"
+    try:
+        fd = os.open(Path(root) / HISTORY, os.O_WRONLY | os.O_CREAT | os.O_APPEND, REGISTRY_FILE_MODE)
+        try:
+            if os.fstat(fd).st_uid == os.getuid():
+                os.fchmod(fd, REGISTRY_FILE_MODE)
+            os.write(fd, line.encode())  # one write of one line: O_APPEND keeps lines whole
+        finally:
+            os.close(fd)
+    except OSError as exc:  # the manifest is what the servers read; the history is for people
+        log.warning("registry %s: activated %s but could not append to %s: %s", root, checkpoint, HISTORY, exc)
+    return manifest
+
+
+def history(root: str | Path) -> list[dict[str, str]]:
+    """The activations recorded in ``<root>/history.jsonl``, oldest first (lines that are not an
+    activation, e.g. one cut short by a full disk, are skipped)."""
+    try:
+        text = (Path(root) / HISTORY).read_text()
+    except FileNotFoundError:
+        return []
+    out: list[dict[str, str]] = []
+    for line in text.splitlines():
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("checkpoint"), str):
+            out.append({k: str(v) for k, v in doc.items()})
+    return out
 
 
 @contextmanager
@@ -422,6 +458,12 @@ class ModelRegistry:
                 return self._verified(self.root / LAST_GOOD, self._read_spec(self.root / LAST_GOOD))
             except CheckpointError as exc:
                 raise refused from exc
+
+    def check(self, path: str | Path, sha256: str = "") -> LoadedModel:
+        """Load ``path`` as a server would (hash, the loader's schema and shape checks, the probe
+        request), on this registry's device; raises :class:`CheckpointError` saying why not.
+        Records nothing: ``drl-policy registry activate`` checks a checkpoint before naming it."""
+        return self._load(Path(path), sha256)
 
     def wait_idle(self, timeout_s: float = 30.0) -> None:
         """Wait for a background load to finish (tests, shutdown)."""

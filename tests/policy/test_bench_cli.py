@@ -58,3 +58,19 @@ def test_soak_samples_rss_and_turns_runs_over(tmp_path: Path) -> None:
     # every replica's (was: the first replica's only)
     each = soak["replicas_rss_kib"]
     assert [row[:2] for row in each] == samples and all(len(row) == 3 and row[2] > 10_000 for row in each)
+
+
+def test_a_server_that_cannot_start_ends_the_bench_with_its_reason(tmp_path: Path) -> None:
+    """Was: the bench waited out its 45 s start-up timeout and said only that no heartbeat came."""
+    from policy.registry import activate
+
+    activate(tmp_path / "reg", "nowhere")  # a registry naming a checkpoint that is not there
+    proc = subprocess.run(
+        [sys.executable, "-m", "policy.cli", "--log-level", "WARNING", "bench", "--placer", "gnn",
+         "--registry", str(tmp_path / "reg"), "--device", "cpu", "--dag-sizes", "50", "--ready", "1",
+         "--clients", "1", "--duration", "0.5", "--out", str(tmp_path / "bench.json")],
+        capture_output=True, text=True, timeout=40,
+    )
+    assert proc.returncode == 1
+    assert "exited with status" in proc.stderr and "nowhere" in proc.stderr and "does not exist" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "bench.json").exists()

@@ -1,0 +1,113 @@
+"""``drl-policy registry``: show, activate (checked, pinned, relative to the current directory), rollback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from policy.cli import main
+from policy.registry import HISTORY, LAST_GOOD, MANIFEST, ModelRegistry, activate, checkpoint_sha256, history
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small real GNN checkpoint (the loader's own checks, a probe request)."""
+    from policy.checkpoint import save_checkpoint
+    from policy.model import ModelConfig, PlacementGNN
+
+    d = tmp_path_factory.mktemp("ck") / "small"
+    save_checkpoint(PlacementGNN(ModelConfig(hidden=8, layers=1)), d, name="tiny")
+    return d
+
+
+def cli(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict | None, str]:
+    code = main(["registry", *argv])
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if code == 0 else None), err
+
+
+def test_activate_takes_a_path_from_the_current_directory_and_pins_its_hash(
+        tmp_path: Path, small: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    work = tmp_path / "work"
+    shutil.copytree(small, work / "models" / "v1")
+    reg = tmp_path / "reg"
+    monkeypatch.chdir(work)
+    # the path is the current directory's (written by hand into active.json it would be the registry's)
+    code, doc, err = cli("activate", "--registry", str(reg), "models/v1", "--note", "by hand", capsys=capsys)
+    assert code == 0, err
+    manifest = json.loads((reg / MANIFEST).read_text())
+    assert Path(manifest["checkpoint"]) == work / "models" / "v1"
+    assert manifest["sha256"] == checkpoint_sha256(work / "models" / "v1") == doc["sha256"]
+    assert manifest["note"] == "by hand" and doc["checked"] is True and doc["version"].startswith("drl:")
+    model = ModelRegistry(reg).load_now()
+    assert model is not None and model.version == doc["version"]
+    # inside the registry: named relative to it (the same files wherever the volume is mounted)
+    shutil.copytree(small, reg / "models" / "v2")
+    code, doc, err = cli("activate", "--registry", str(reg), str(reg / "models" / "v2"), capsys=capsys)
+    assert code == 0, err
+    assert json.loads((reg / MANIFEST).read_text())["checkpoint"] == "models/v2"
+    assert [h["checkpoint"] for h in history(reg)] == [str(work / "models" / "v1"), "models/v2"]
+
+
+def test_a_checkpoint_a_server_would_refuse_is_refused_and_the_registry_left_alone(
+        tmp_path: Path, small: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    reg = tmp_path / "reg"
+    shutil.copytree(small, tmp_path / "good")
+    assert cli("activate", "--registry", str(reg), str(tmp_path / "good"), capsys=capsys)[0] == 0
+    before = (reg / MANIFEST).read_text()
+    shutil.copytree(small, tmp_path / "tampered")
+    weights = tmp_path / "tampered" / "model.safetensors"
+    blob = bytearray(weights.read_bytes())
+    blob[-1] ^= 0xFF
+    weights.write_bytes(bytes(blob))
+    code, _, err = cli("activate", "--registry", str(reg), str(tmp_path / "tampered"), capsys=capsys)
+    assert code == 1 and "refused" in err and "tampered" in err
+    for bad in (tmp_path / "nowhere", tmp_path):  # missing; a folder that is not a checkpoint
+        code, _, err = cli("activate", "--registry", str(reg), str(bad), capsys=capsys)
+        assert code == 1 and "not a checkpoint folder" in err
+    assert (reg / MANIFEST).read_text() == before and len(history(reg)) == 1
+    # --no-check names it all the same (pinned to the hash it has now), and the servers refuse it
+    code, doc, err = cli("activate", "--registry", str(reg), str(tmp_path / "tampered"), "--no-check", capsys=capsys)
+    assert code == 0 and doc["checked"] is False
+    assert json.loads((reg / MANIFEST).read_text())["sha256"] == checkpoint_sha256(tmp_path / "tampered")
+
+
+def test_rollback_activates_the_previous_checkpoint_and_again_goes_back(
+        tmp_path: Path, small: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    reg = tmp_path / "reg"
+    code, _, err = cli("rollback", "--registry", str(reg), capsys=capsys)
+    assert code == 1 and "no earlier checkpoint" in err
+    for name in ("a", "b"):
+        shutil.copytree(small, reg / name)
+        assert cli("activate", "--registry", str(reg), str(reg / name), capsys=capsys)[0] == 0
+    code, doc, err = cli("rollback", "--registry", str(reg), capsys=capsys)
+    assert code == 0, err
+    assert doc["checkpoint"] == "a" and json.loads((reg / MANIFEST).read_text())["note"] == "rollback from b"
+    assert cli("rollback", "--registry", str(reg), capsys=capsys)[1]["checkpoint"] == "b"  # type: ignore[index]
+    # the previous one changed since: refused, not pinned to its new content
+    (reg / "a" / "extra.txt").write_text("x")
+    code, _, err = cli("rollback", "--registry", str(reg), capsys=capsys)
+    assert code == 1 and "changed since it was active" in err
+    assert json.loads((reg / MANIFEST).read_text())["checkpoint"] == "b"
+
+
+def test_show_says_what_a_server_would_serve(tmp_path: Path, small: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    reg = tmp_path / "reg"
+    shutil.copytree(small, reg / "v1")
+    activate(reg, "v1", sha256=checkpoint_sha256(reg / "v1"))
+    (reg / LAST_GOOD).write_text(json.dumps({"checkpoint": "v1", "sha256": checkpoint_sha256(reg / "v1")}))
+    activate(reg, "gone", note="a bad push")
+    code, doc, err = cli("show", "--registry", str(reg), capsys=capsys)
+    assert code == 0, err
+    assert doc["active"]["checkpoint"] == "gone" and doc["last_good"]["checkpoint"] == "v1"
+    assert doc["serving"] == {"checkpoint": str(reg / "v1"), "sha256": checkpoint_sha256(reg / "v1"),
+                              "named_by": LAST_GOOD}
+    assert [h.get("note", "") for h in doc["history"]] == ["", "a bad push"]
+    (reg / HISTORY).write_text((reg / HISTORY).read_text() + "{not json\n")  # a line cut short
+    assert len(history(reg)) == 2
+    code, _, err = cli("show", "--registry", str(tmp_path / "none"), capsys=capsys)
+    assert code == 1 and "no such registry" in err
