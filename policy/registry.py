@@ -118,13 +118,16 @@ def activate(root: str | Path, checkpoint: str | Path, *, sha256: str | None = N
     if note:
         doc["note"] = note
     manifest = _write_json(Path(root), MANIFEST, doc)
-    line = json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **doc}) + "\n"
+    # each record starts with a newline too: a line an earlier writer left cut short (a full disk)
+    # ends there instead of swallowing this one; history() skips the empty lines
+    line = ("\n" + json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **doc}) + "\n").encode()
     try:
         fd = os.open(Path(root) / HISTORY, os.O_WRONLY | os.O_CREAT | os.O_APPEND, REGISTRY_FILE_MODE)
         try:
             if os.fstat(fd).st_uid == os.getuid():
                 os.fchmod(fd, REGISTRY_FILE_MODE)
-            os.write(fd, line.encode())  # one write of one line: O_APPEND keeps lines whole
+            while line:  # one write of a short line is whole under O_APPEND on a local disk
+                line = line[os.write(fd, line):]
         finally:
             os.close(fd)
     except OSError as exc:  # the manifest is what the servers read; the history is for people
@@ -134,13 +137,19 @@ def activate(root: str | Path, checkpoint: str | Path, *, sha256: str | None = N
 
 def history(root: str | Path) -> list[dict[str, str]]:
     """The activations recorded in ``<root>/history.jsonl``, oldest first (lines that are not an
-    activation, e.g. one cut short by a full disk, are skipped)."""
+    activation, e.g. one cut short by a full disk, are skipped; a history that cannot be read is
+    empty, with a warning: the manifest, not the history, is what the servers serve)."""
     try:
-        text = (Path(root) / HISTORY).read_text()
+        text = (Path(root) / HISTORY).read_bytes().decode(errors="replace")
     except FileNotFoundError:
+        return []
+    except OSError as exc:
+        log.warning("registry %s: cannot read %s: %s", root, HISTORY, exc)
         return []
     out: list[dict[str, str]] = []
     for line in text.splitlines():
+        if not line.strip():
+            continue
         try:
             doc = json.loads(line)
         except ValueError:
@@ -478,16 +487,16 @@ class ModelRegistry:
     def _read_spec(self, file: Path) -> tuple[Path, str] | None:
         """``(checkpoint path, sha256)`` named by ``file`` (the manifest or ``last_good.json``)."""
         try:
-            text = file.read_text()
+            blob = file.read_bytes()
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise CheckpointError(f"{file}: cannot read: {exc}") from exc
         try:
-            doc = json.loads(text)
+            doc = json.loads(blob.decode())  # not UTF-8 is a ValueError too (was: out of poll(), the server down)
         except ValueError as exc:
             raise CheckpointError(f"{file}: not JSON: {exc}") from exc
-        if not isinstance(doc, dict) or not isinstance(doc.get("checkpoint"), str):
+        if not isinstance(doc, dict) or not isinstance(doc.get("checkpoint"), str) or "\0" in doc["checkpoint"]:
             raise CheckpointError(f"{file}: expected {{\"checkpoint\": path, ...}}, got {doc!r}")
         sha = doc.get("sha256") or ""
         if not isinstance(sha, str):

@@ -1,7 +1,7 @@
 """``drl-policy registry``: what a model registry serves, and changing it by hand.
 
     drl-policy registry show     --registry DIR                 # JSON: active, last good, serving, history
-    drl-policy registry activate --registry DIR CHECKPOINT [--note TEXT] [--no-check]
+    drl-policy registry activate --registry DIR CHECKPOINT [--note TEXT] [--no-check] [--create]
     drl-policy registry rollback --registry DIR [--note TEXT]   # the checkpoint active before this one
 
 ``activate`` takes ``CHECKPOINT`` as a path from the current directory (``active.json`` takes paths
@@ -11,11 +11,15 @@ loader's schema and shape checks, a probe request) and refuses, leaving the regi
 that would be refused; the manifest then pins its sha256, so a later change of its files is
 refused by the servers too. A checkpoint inside the registry is named relative to it (a registry
 volume mounted at other paths on other hosts names the same files). The servers pick the change
-up at their next poll (``--registry-poll-s``), between two batches.
+up at their next poll (``--registry-poll-s``), between two batches. A registry folder that does
+not exist is an error (a mistyped ``--registry`` would otherwise start a registry no server
+reads); ``--create`` makes it, group-writable and setgid like the files in it.
 
 ``rollback`` activates the most recent checkpoint of ``<registry>/history.jsonl`` other than the
-active one, with the same checks (a second rollback goes back again, as ``cd -`` does). Every
-activation, the nightly fine-tune's too, is appended to that history.
+active one (by path or by content), with the same checks and the content it had then (a second
+rollback goes back again, as ``cd -`` does). Every activation, the nightly fine-tune's too, is
+appended to that history. When the manifest changes while a rollback checks its checkpoint (a
+promotion), the rollback writes nothing and says so.
 
 Writers hold the registry's activation lock (the fine-tune's promotion takes it too). Exit status:
 0 done, 1 refused (the reason on stderr), 2 usage.
@@ -25,12 +29,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from policy.errors import CheckpointError
 from policy.registry import (
+    HISTORY,
     LAST_GOOD,
     MANIFEST,
     ModelRegistry,
@@ -39,6 +45,11 @@ from policy.registry import (
     checkpoint_sha256,
     history,
 )
+
+
+class RegistryChanged(CheckpointError):
+    """The manifest changed between reading it and holding the activation lock."""
+
 
 #: history entries ``show`` prints (the newest)
 SHOW_HISTORY = 10
@@ -57,6 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--device", default="cpu", help="device to load the checkpoint on to check it")
     act.add_argument("--no-check", action="store_true",
                      help="do not load it first (its sha256 is still pinned)")
+    act.add_argument("--create", action="store_true",
+                     help="make the registry folder when there is none (group-writable, setgid)")
 
 
 def _read(path: Path) -> Any:
@@ -81,53 +94,107 @@ def show(root: Path) -> dict[str, Any]:
     return doc
 
 
+def _named(root: Path, checkpoint: Path) -> Path:
+    """How the manifest names ``checkpoint``: relative to ``root`` when it lies inside it (compared
+    as written, ``..`` folded, then with symlinks followed: a registry volume mounted at other
+    paths on other hosts names the same files), else its absolute path with ``..`` folded."""
+    absolute = Path(os.path.normpath(checkpoint.absolute()))
+    for inside, base in ((absolute, Path(os.path.normpath(root.absolute()))), (absolute.resolve(), root.resolve())):
+        try:
+            return inside.relative_to(base)
+        except ValueError:
+            continue
+    return absolute
+
+
+def _active(root: Path) -> tuple[str, str] | None:
+    """(checkpoint as named, sha256) of ``root``'s manifest, None without one."""
+    doc = _read(root / MANIFEST)
+    if isinstance(doc, dict) and isinstance(doc.get("checkpoint"), str):
+        return doc["checkpoint"], str(doc.get("sha256") or "")
+    return None
+
+
 def activate_checked(root: Path, checkpoint: Path, *, note: str = "", check: bool = True,
-                     device: str = "cpu") -> dict[str, Any]:
+                     device: str = "cpu", sha256: str = "",
+                     unless_changed: tuple[str, str] | None | bool = False) -> dict[str, Any]:
     """Check ``checkpoint`` (unless ``check`` is false) and name it in ``root``'s manifest with its
-    sha256; raises :class:`CheckpointError` (the registry untouched) when it would be refused."""
-    checkpoint = checkpoint.absolute()
+    sha256; raises :class:`CheckpointError` (the registry untouched) when it would be refused.
+
+    ``sha256``: the content it must have (a rollback's recorded hash). ``unless_changed``: the
+    manifest's (checkpoint, sha256) as the caller read it (None: no manifest); when the manifest
+    no longer says that once the activation lock is held (the nightly fine-tune promoted
+    meanwhile), nothing is written. False: activate whatever is active now."""
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: no such registry folder (drl-policy registry activate --create makes one)")
+    checkpoint = Path(os.path.normpath(checkpoint.absolute()))
     if not (checkpoint / "manifest.json").is_file():
         raise CheckpointError(f"{checkpoint}: not a checkpoint folder (no manifest.json there)")
-    try:
-        sha = checkpoint_sha256(checkpoint)
-    except OSError as exc:
-        raise CheckpointError(f"{checkpoint}: cannot read: {exc}") from exc
+    actual = _sha(checkpoint)
+    if sha256 and actual != sha256:
+        raise CheckpointError(f"{checkpoint}: its files changed since it was active (sha256 {sha256[:12]}... "
+                              f"recorded, {actual[:12]}... now)")
     version = ""
     if check:
-        model = ModelRegistry(root, device=device).check(checkpoint, sha)
-        version = model.version
-    try:
-        named: Path = checkpoint.relative_to(root.absolute())
-    except ValueError:
-        named = checkpoint
+        version = ModelRegistry(root, device=device).check(checkpoint, actual).version
+    named = _named(root, checkpoint)
     with activation_lock(root):
-        if checkpoint_sha256(checkpoint) != sha:  # changed while it was being checked
+        if _sha(checkpoint) != actual:
             raise CheckpointError(f"{checkpoint}: its files changed while it was being checked; not activated")
-        activate(root, named, sha256=sha, note=note)
-    return {"checkpoint": str(named), "sha256": sha, "version": version, "checked": check}
+        if unless_changed is not False and _active(root) != unless_changed:
+            raise RegistryChanged(f"{root / MANIFEST} changed meanwhile (now {_active(root)}); nothing done: "
+                                  "look at `drl-policy registry show` and run the command again")
+        activate(root, named, sha256=actual, note=note)
+    return {"checkpoint": str(named), "sha256": actual, "version": version, "checked": check}
+
+
+def _sha(path: Path) -> str:
+    try:
+        return checkpoint_sha256(path)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read: {exc}") from exc
 
 
 def rollback(root: Path, *, note: str = "", device: str = "cpu") -> dict[str, Any]:
-    """Activate (checked) the newest checkpoint of the history other than the active one."""
-    active = _read(root / MANIFEST)
-    now = (active.get("checkpoint"), active.get("sha256", "")) if isinstance(active, dict) else None
+    """Activate (checked) the newest checkpoint of the history that is not the active one (by
+    path, ``..`` and symlinks folded, or by content)."""
+    now = _active(root)
+
+    def same(entry: dict[str, str]) -> bool:
+        if now is None:
+            return False
+        if entry.get("sha256") and entry["sha256"] == now[1]:
+            return True
+        return _where(root, entry["checkpoint"]) == _where(root, now[0])
+
     for entry in reversed(history(root)):
-        if (entry["checkpoint"], entry.get("sha256", "")) == now:
+        if same(entry):
             continue
-        path = Path(entry["checkpoint"])
-        path = path if path.is_absolute() else root / path
-        sha = entry.get("sha256", "")
-        if sha and path.exists() and checkpoint_sha256(path) != sha:
-            raise CheckpointError(f"{path}: the previous checkpoint's files changed since it was active "
-                                  f"(sha256 {sha[:12]}... recorded); not rolled back")
+        path = _where(root, entry["checkpoint"])
         why = note or f"rollback from {now[0] if now else 'nothing'}"
-        return activate_checked(root, path, note=why, device=device)
-    raise CheckpointError(f"{root / 'history.jsonl'}: no earlier checkpoint to roll back to")
+        try:
+            return activate_checked(root, path, note=why, device=device, sha256=entry.get("sha256", ""),
+                                    unless_changed=now)
+        except RegistryChanged:
+            raise
+        except CheckpointError as exc:
+            raise CheckpointError(f"the previous checkpoint in {root / HISTORY} ({entry['checkpoint']}, active "
+                                  f"since {entry.get('at', '?')}) would be refused: {exc}") from exc
+    raise CheckpointError(f"{root / HISTORY}: no earlier checkpoint to roll back to")
+
+
+def _where(root: Path, named: str) -> Path:
+    """Where a manifest's path points (relative paths are the registry's), symlinks followed."""
+    path = Path(named)
+    return (path if path.is_absolute() else root / path).resolve()
 
 
 def run(args: argparse.Namespace) -> int:
     root = Path(args.registry)
     try:
+        if getattr(args, "create", False) and not root.is_dir():
+            root.mkdir(parents=True)
+            os.chmod(root, 0o2775)  # the group's, as the registry's files (servers and workers share it)
         if args.action == "show":
             if not root.is_dir():
                 raise CheckpointError(f"{root}: no such registry folder")
@@ -137,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
                                    device=args.device)
         else:
             doc = rollback(root, note=args.note, device=args.device)
-    except CheckpointError as exc:
+    except (CheckpointError, OSError, ValueError) as exc:  # ValueError: a path with a NUL, say
         print(f"drl-policy registry {args.action}: refused: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(doc, indent=2))

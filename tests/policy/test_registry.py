@@ -90,6 +90,15 @@ def test_registry_loads_hashes_and_refuses(tmp_path: Path) -> None:
     (tmp_path / "active.json").write_text("{not json")
     time.sleep(0.02)
     assert reg.poll() is None and "not JSON" in failures[-1]
+    # bytes that are not UTF-8, or a path with a NUL: refused too (found by review: the first raised
+    # UnicodeDecodeError out of poll(), the replica down; at start-up out of load_now, a crash loop)
+    for bad in (b'\xff{"checkpoint": "v1"}', b'{"checkpoint": "v1\\u0000"}'):
+        (tmp_path / "active.json").write_bytes(bad)
+        time.sleep(0.02)
+        n = len(failures)
+        assert reg.poll() is None and len(failures) == n + 1 and "active.json" in failures[-1]
+        restarted = ModelRegistry(tmp_path, loader=fake_loader).load_now()  # the last good one, no crash
+        assert restarted is not None and restarted.version == "fake:1"
     # a good one is loaded in the background and handed over once
     activate(tmp_path, str(fake_checkpoint(tmp_path, "v3", "3")), note="absolute path")
     time.sleep(0.02)

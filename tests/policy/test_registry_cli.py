@@ -36,8 +36,12 @@ def test_activate_takes_a_path_from_the_current_directory_and_pins_its_hash(
     reg = tmp_path / "reg"
     monkeypatch.chdir(work)
     # the path is the current directory's (written by hand into active.json it would be the registry's)
-    code, doc, err = cli("activate", "--registry", str(reg), "models/v1", "--note", "by hand", capsys=capsys)
+    code, _, err = cli("activate", "--registry", str(reg), "models/v1", capsys=capsys)
+    assert code == 1 and "no such registry folder" in err and not reg.exists()  # a mistyped --registry
+    code, doc, err = cli("activate", "--registry", str(reg), "models/v1", "--note", "by hand", "--create",
+                         capsys=capsys)
     assert code == 0, err
+    assert reg.stat().st_mode & 0o7777 == 0o2775  # the group's, as the files in it
     manifest = json.loads((reg / MANIFEST).read_text())
     assert Path(manifest["checkpoint"]) == work / "models" / "v1"
     assert manifest["sha256"] == checkpoint_sha256(work / "models" / "v1") == doc["sha256"]
@@ -50,11 +54,17 @@ def test_activate_takes_a_path_from_the_current_directory_and_pins_its_hash(
     assert code == 0, err
     assert json.loads((reg / MANIFEST).read_text())["checkpoint"] == "models/v2"
     assert [h["checkpoint"] for h in history(reg)] == [str(work / "models" / "v1"), "models/v2"]
+    # spelled with .. or through a symlink to the registry: still named relative to it
+    (tmp_path / "link").symlink_to(reg)
+    for spelling in (str(work / ".." / "reg" / "models" / "v2"), str(tmp_path / "link" / "models" / "v2")):
+        code, doc, err = cli("activate", "--registry", str(tmp_path / "link"), spelling, "--no-check", capsys=capsys)
+        assert code == 0 and doc["checkpoint"] == "models/v2", (spelling, err)
 
 
 def test_a_checkpoint_a_server_would_refuse_is_refused_and_the_registry_left_alone(
         tmp_path: Path, small: Path, capsys: pytest.CaptureFixture[str]) -> None:
     reg = tmp_path / "reg"
+    reg.mkdir()
     shutil.copytree(small, tmp_path / "good")
     assert cli("activate", "--registry", str(reg), str(tmp_path / "good"), capsys=capsys)[0] == 0
     before = (reg / MANIFEST).read_text()
@@ -78,10 +88,12 @@ def test_a_checkpoint_a_server_would_refuse_is_refused_and_the_registry_left_alo
 def test_rollback_activates_the_previous_checkpoint_and_again_goes_back(
         tmp_path: Path, small: Path, capsys: pytest.CaptureFixture[str]) -> None:
     reg = tmp_path / "reg"
+    reg.mkdir()
     code, _, err = cli("rollback", "--registry", str(reg), capsys=capsys)
     assert code == 1 and "no earlier checkpoint" in err
     for name in ("a", "b"):
         shutil.copytree(small, reg / name)
+        (reg / name / "tag.txt").write_text(name)  # copies of one content are one checkpoint to a rollback
         assert cli("activate", "--registry", str(reg), str(reg / name), capsys=capsys)[0] == 0
     code, doc, err = cli("rollback", "--registry", str(reg), capsys=capsys)
     assert code == 0, err
@@ -92,6 +104,54 @@ def test_rollback_activates_the_previous_checkpoint_and_again_goes_back(
     code, _, err = cli("rollback", "--registry", str(reg), capsys=capsys)
     assert code == 1 and "changed since it was active" in err
     assert json.loads((reg / MANIFEST).read_text())["checkpoint"] == "b"
+    # the active checkpoint under another spelling (or another copy of the same content) is not "earlier"
+    (reg / "a" / "extra.txt").unlink()
+    shutil.copytree(small, reg / "c")
+    (reg / "c" / "extra.txt").write_text("c")
+    for name in ("c", "b"):
+        assert cli("activate", "--registry", str(reg), str(reg / name), capsys=capsys)[0] == 0
+    activate(reg, str(reg / "b"), sha256=checkpoint_sha256(reg / "b"))  # b again, by its absolute path
+    assert cli("rollback", "--registry", str(reg), capsys=capsys)[1]["checkpoint"] == "c"  # type: ignore[index]
+
+
+def test_a_rollback_does_not_undo_a_promotion_made_while_it_checked(
+        tmp_path: Path, small: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by review: the rollback read the manifest, checked its checkpoint (seconds), then wrote over the
+    nightly fine-tune's promotion of that moment, its note saying it rolled back from the one before."""
+    reg = tmp_path / "reg"
+    reg.mkdir()
+    for name in ("a", "b", "c"):
+        shutil.copytree(small, reg / name)
+        (reg / name / "tag.txt").write_text(name)
+    for name in ("a", "b"):
+        activate(reg, name, sha256=checkpoint_sha256(reg / name))
+    check = ModelRegistry.check
+
+    def promote_meanwhile(self: ModelRegistry, path: Path, sha256: str = ""):  # type: ignore[no-untyped-def]
+        activate(reg, "c", sha256=checkpoint_sha256(reg / "c"), note="nightly fine-tune")
+        return check(self, path, sha256)
+
+    monkeypatch.setattr(ModelRegistry, "check", promote_meanwhile)
+    code, _, err = cli("rollback", "--registry", str(reg), capsys=capsys)
+    assert code == 1 and "changed meanwhile" in err
+    assert json.loads((reg / MANIFEST).read_text())["checkpoint"] == "c"
+
+
+def test_the_history_survives_a_line_cut_short_and_bad_bytes(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    activate(tmp_path, "a")
+    with (tmp_path / HISTORY).open("ab") as fh:
+        fh.write(b'{"at": "2026", "checkpoint": "b", "sha')  # a full disk cut this one short
+    activate(tmp_path, "c")
+    assert [h["checkpoint"] for h in history(tmp_path)] == ["a", "c"]  # was: c swallowed by b's line
+    with (tmp_path / HISTORY).open("ab") as fh:
+        fh.write(b"\xff\xfe\n")
+    assert [h["checkpoint"] for h in history(tmp_path)] == ["a", "c"]
+    (tmp_path / MANIFEST).write_bytes(b"\xff{")
+    code, doc, err = cli("show", "--registry", str(tmp_path), capsys=capsys)
+    assert code == 0 and "not JSON" in doc["serving"]["error"] and len(doc["history"]) == 2
+    code, _, err = cli("activate", "--registry", str(tmp_path / HISTORY), str(tmp_path), capsys=capsys)
+    assert code == 1 and "refused" in err  # a registry that is a file
 
 
 def test_show_says_what_a_server_would_serve(tmp_path: Path, small: Path,
