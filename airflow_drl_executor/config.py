@@ -185,6 +185,14 @@ class ExecutorConfig:
         return cls(**values)
 
 
+def redacted_url(url: str) -> str:
+    """``url`` without its user and password (for logs and reports)."""
+    if "@" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://***@{rest.split('@', 1)[1]}"
+
+
 def _to_bool(raw: Any) -> bool:
     if isinstance(raw, bool):
         return raw

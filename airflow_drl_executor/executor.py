@@ -34,7 +34,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from airflow_drl_executor import metrics, traces
 from airflow_drl_executor.client import PlacementClient, PlacementUnavailable
-from airflow_drl_executor.config import ExecutorConfig
+from airflow_drl_executor.config import ExecutorConfig, redacted_url
 from airflow_drl_executor.graph_builder import (
     GraphBuilder,
     ReadyInstance,
@@ -141,7 +141,7 @@ class DRLExecutor(CeleryExecutor):
         self.log.info(
             "DRLExecutor: pools %s from %s; policy server at %s (prefix %r, deadline %d ms); "
             "pool liveness every %g s",
-            ", ".join(self.catalogue.names), self.catalogue.source, _redact(cfg.redis_url),
+            ", ".join(self.catalogue.names), self.catalogue.source, redacted_url(cfg.redis_url),
             cfg.key_prefix, cfg.decision_timeout_ms, cfg.pool_check_interval_s,
         )
         if self.default_queue not in self.catalogue.names:
@@ -971,10 +971,3 @@ def _callback_pool(pools: Sequence[PoolState]) -> str:
     live = [p for p in pools if p.up] or list(pools)
     cpu = [p for p in live if p.gpus == 0] or live
     return min(cpu, key=lambda p: (-p.free_slots, p.price_per_hour, p.name)).name
-
-
-def _redact(url: str) -> str:
-    if "@" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    return f"{scheme}://***@{rest.split('@', 1)[1]}"

@@ -8,8 +8,21 @@ from airflow_drl_executor.config import OPTIONS, SECTION, SENSITIVE
 
 
 def get_cli_commands() -> list[Any]:
-    """DRLExecutor adds no command of its own: ``airflow celery ...`` comes from the Celery provider."""
-    return []
+    """``airflow drl-executor check`` (:mod:`airflow_drl_executor.check`); ``airflow celery ...``
+    comes from the Celery provider. Built at every ``airflow`` command: imports nothing heavy."""
+    from airflow.cli.cli_config import ActionCommand, Arg, GroupCommand, lazy_load_command
+
+    check = ActionCommand(
+        name="check",
+        help="Check that DRLExecutor can place tasks here: its options, Redis, the policy servers (and a "
+             "probe placement), the pools' Celery workers, the trace table and the spool",
+        func=lazy_load_command("airflow_drl_executor.check.command"),
+        args=(
+            Arg(("-o", "--output"), help="text (default) or json", choices=("text", "json"), default="text"),
+            Arg(("--timeout",), help="seconds to wait for Redis (default: 2)", type=float, default=2.0),
+        ),
+    )
+    return [GroupCommand(name="drl-executor", help="DRLExecutor's own commands", subcommands=(check,))]
 
 
 def get_provider_info() -> dict[str, Any]:

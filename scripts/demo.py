@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 import urllib.error
@@ -22,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from localstack import Stack, from_env  # noqa: E402
+from localstack import VENV_BIN, Stack, from_env  # noqa: E402
 
 DEMO_DAGS = ("drl_etl_fanout", "drl_ml_pipeline")
 
@@ -125,7 +126,16 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def deployment_check(stack: Stack, output: str = "text") -> subprocess.CompletedProcess[str]:
+    """``airflow drl-executor check`` with the stack's scheduler environment."""
+    return subprocess.run([str(VENV_BIN / "airflow"), "drl-executor", "check", "--output", output],
+                          env=stack.airflow_env(), capture_output=True, text=True, timeout=120, check=False)
+
+
 def run_demo(stack: Stack, dags: tuple[str, ...] = DEMO_DAGS, timeout: float = 300.0) -> tuple[bool, str]:
+    checked = deployment_check(stack)
+    print("[demo] airflow drl-executor check:", flush=True)
+    print("\n".join(f"  {line}" for line in checked.stdout.splitlines() if line.strip()), flush=True)
     api = Api.login(stack)
     for dag_id in dags:
         api.wait_dag(dag_id)

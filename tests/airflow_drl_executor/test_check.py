@@ -1,0 +1,104 @@
+"""``airflow drl-executor check`` against a real redis-server and an in-process policy server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from airflow_drl_executor.check import FAIL, OK, WARN, Finding, run_checks
+from policy.server import PolicyServer
+
+LIVE = {"w1": [{"name": "cpu-small"}], "w2": [{"name": "cpu-large"}, {"name": "x"}], "w3": [{"name": "gpu"}]}
+
+
+class Conf:
+    def __init__(self, values: dict[tuple[str, str], str]) -> None:
+        self.values = values
+
+    def get(self, section: str, key: str, fallback: object = None) -> object:
+        return self.values.get((section, key), fallback)
+
+
+def conf(redis_url: str, tmp_path: Path, **drl: str) -> Conf:
+    values = {("core", "executor"): "DRLExecutor:airflow_drl_executor.DRLExecutor",
+              ("drl_executor", "redis_url"): redis_url, ("drl_executor", "key_prefix"): "t",
+              ("drl_executor", "spool_dir"): str(tmp_path / "spool")}
+    values.update({("drl_executor", k): v for k, v in drl.items()})
+    return Conf(values)
+
+
+def by_name(found: list[Finding]) -> dict[str, Finding]:
+    return {f.check: f for f in found}
+
+
+def test_a_working_setup_is_ok_throughout(redis_url: str, tmp_path: Path,
+                                          policy_server: Callable[..., PolicyServer]) -> None:
+    policy_server()
+    found = by_name(run_checks(conf(redis_url, tmp_path), workers=lambda: LIVE, database=False))
+    assert list(found) == ["config", "executor", "redis", "policy servers", "round trip", "workers", "spool"]
+    assert {f.status for f in found.values()} == {OK}, found
+    assert "c0 eft:" in found["policy servers"].detail and "on cpu" in found["policy servers"].detail
+    assert "extract -> " in found["round trip"].detail  # a real placement of the probe request
+    assert "cpu-small 1, cpu-large 1, gpu 1" in found["workers"].detail
+
+
+def test_no_server_a_wrong_password_and_a_missing_worker_are_reported(
+        redis_url: str, tmp_path: Path, policy_server: Callable[..., PolicyServer]) -> None:
+    found = by_name(run_checks(conf(redis_url, tmp_path), workers=lambda: {"w1": [{"name": "gpu"}]},
+                               database=False))
+    assert found["policy servers"].status == FAIL and "no heartbeat" in found["policy servers"].detail
+    assert "round trip" not in found  # nothing to ask
+    assert found["workers"].status == WARN and "no worker consumes cpu-small, cpu-large" in found["workers"].detail
+    # another prefix than the servers': no server either (a typo shows here, not as silent fallbacks)
+    policy_server()
+    found = by_name(run_checks(conf(redis_url, tmp_path, key_prefix="other"), workers=lambda: LIVE, database=False))
+    assert found["policy servers"].status == FAIL and "'other'" in found["policy servers"].detail
+    # a password the private redis-server does not take (it requires one): the URL's, redacted
+    scheme, rest = redis_url.split("://", 1)
+    wrong = f"{scheme}://:nope@{rest.split('@', 1)[-1]}"
+    found = by_name(run_checks(conf(wrong, tmp_path), workers=lambda: LIVE, database=False))
+    assert found["redis"].status == FAIL and "nope" not in found["redis"].detail and "***@" in found["redis"].detail
+    assert "policy servers" not in found
+
+
+def test_a_config_the_executor_would_refuse_stops_the_checks(redis_url: str, tmp_path: Path) -> None:
+    bad = conf(redis_url, tmp_path, max_wait_s="900")  # above [scheduler] task_queued_timeout's 600
+    found = run_checks(bad, workers=lambda: LIVE, database=False)
+    assert [(f.check, f.status) for f in found] == [("config", FAIL), ("executor", OK)]
+    assert "task_queued_timeout" in found[0].detail
+    found = run_checks(conf(redis_url, tmp_path, catalogue=str(tmp_path / "none.yaml")), workers=lambda: LIVE,
+                       database=False)
+    assert found[0].status == FAIL and "none.yaml" in found[0].detail
+
+
+def test_rows_waiting_in_the_spool_and_an_unwritable_spool(redis_url: str, tmp_path: Path,
+                                                           policy_server: Callable[..., PolicyServer]) -> None:
+    policy_server()
+    (tmp_path / "spool").mkdir()
+    (tmp_path / "spool" / "host-1.jsonl").write_text('{"a": 1}\n{"a": 2}\n')
+    (tmp_path / "spool" / "host-1.rejected.jsonl").write_text('{"a": 3}\n')  # set aside: not waiting
+    found = by_name(run_checks(conf(redis_url, tmp_path), workers=lambda: LIVE, database=False))
+    assert found["spool"].status == WARN and "2 placement row(s) wait" in found["spool"].detail
+    (tmp_path / "file").write_text("")
+    found = by_name(run_checks(conf(redis_url, tmp_path, spool_dir=str(tmp_path / "file" / "spool")),
+                               workers=lambda: LIVE, database=False))
+    assert found["spool"].status == FAIL and "not writable" in found["spool"].detail
+
+
+def test_the_airflow_command_prints_json_and_exits_1_on_a_failure(tmp_path: Path) -> None:
+    """Through Airflow's own CLI (the provider's get_cli_commands): no Redis at that URL."""
+    env = {"AIRFLOW_HOME": str(tmp_path), "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin",
+           "AIRFLOW__CORE__EXECUTOR": "DRLExecutor:airflow_drl_executor.DRLExecutor",
+           "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+           "AIRFLOW__DRL_EXECUTOR__REDIS_URL": "redis://127.0.0.1:1/0",
+           "AIRFLOW__CELERY__BROKER_URL": "redis://127.0.0.1:1/0"}
+    proc = subprocess.run([str(Path(sys.executable).parent / "airflow"), "drl-executor", "check", "--output",
+                           "json", "--timeout", "0.5"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    found: list[dict[str, Any]] = json.loads(proc.stdout[proc.stdout.index("["):])
+    status = {f["check"]: f["status"] for f in found}
+    assert status["config"] == OK and status["executor"] == OK and status["redis"] == FAIL
