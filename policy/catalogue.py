@@ -198,10 +198,11 @@ def parse_catalogue(data: Any, source: str = "<memory>") -> Catalogue:
         affinity = spec.get("affinity") or {}
         if not isinstance(affinity, Mapping) or not all(
             isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
-            and math.isfinite(v) and v > 0
+            and math.isfinite(v) and v >= 0.001
             for k, v in affinity.items()
         ):
-            raise CatalogueError(f"{where}.affinity: expected {{task kind: finite speed-up > 0}}, got {affinity!r}")
+            raise CatalogueError(f"{where}.affinity: expected {{task kind: finite speed-up >= 0.001}}, "
+                                 f"got {affinity!r}")
         vms[str(name)] = VMClass(
             name=str(name),
             cpus=_number(spec, "cpus", where, lo=0.001),

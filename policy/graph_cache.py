@@ -25,7 +25,10 @@ def estimate_bytes(graph: RunGraph) -> int:
     Calibrated against tracemalloc on layered graphs of 50 to 1,000 tasks (~2 edges per task,
     7-character task ids): 184 KiB measured at 200 tasks; ``tests/policy/test_graph_cache.py``
     keeps it within 0.8-1.25 x of what is measured."""
-    return 1024 + sum(800 + len(t.task_id) for t in graph.tasks) + 80 * len(graph.edges)
+    # every string counts (found by review: a 1 MB kind or run key per task was not counted, and
+    # the cache's byte bound held a few hundred KiB of estimate for 430 MiB)
+    return (1024 + len(graph.run_key) + 80 * len(graph.edges)
+            + sum(800 + len(t.task_id) + len(t.kind) + len(t.pool or "") for t in graph.tasks))
 
 
 @dataclass

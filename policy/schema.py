@@ -29,6 +29,8 @@ MAX_TASKS_PER_RUN = 50_000
 MAX_READY_PER_REQUEST = 4_096
 MAX_POOLS = 256
 MAX_RUNS_PER_REQUEST = 1_024
+#: the largest integer a count (slots, busy, queued tasks) may be
+MAX_INT = 2**31 - 1
 
 
 # --- small checked readers -------------------------------------------------------------------
@@ -70,6 +72,22 @@ def _opt_str(obj: Mapping[str, Any], key: str, where: str) -> str | None:
     return value
 
 
+def _finite(value: Any) -> bool:
+    """A JSON number (not a boolean) that is finite as a float: an integer of 400 digits is not
+    (``math.isfinite`` raised OverflowError on it, an internal error instead of bad_request)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+#: the smallest relative speed and affinity speed-up a pool may have (as the catalogue's): 1e-320
+#: made scores -inf, 0 divided by zero in the heuristic (found by review)
+MIN_SPEED = 0.001
+
+
 def _num(
     obj: Mapping[str, Any], key: str, where: str, *, default: float | None = None, lo: float = 0.0
 ) -> float:
@@ -80,8 +98,8 @@ def _num(
     if default is not None and obj.get(key) is None:
         return default
     value = _get(obj, key, where)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise SchemaError(f"{where}.{key}: expected a finite number, got {value!r}")
+    if not _finite(value):
+        raise SchemaError(f"{where}.{key}: expected a finite number, got {value!r:.80}")
     if value < lo:
         raise SchemaError(f"{where}.{key}: must be >= {lo}, got {value!r}")
     return float(value)
@@ -92,15 +110,17 @@ def _int(
 ) -> int:
     if type(obj) is dict:
         value = obj.get(key)
-        if type(value) is int and value >= lo:
+        if type(value) is int and lo <= value <= MAX_INT:
             return value
     if default is not None and obj.get(key) is None:
         return default
     value = _get(obj, key, where)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise SchemaError(f"{where}.{key}: expected an integer, got {value!r}")
+        raise SchemaError(f"{where}.{key}: expected an integer, got {value!r:.80}")
     if value < lo:
-        raise SchemaError(f"{where}.{key}: must be >= {lo}, got {value!r}")
+        raise SchemaError(f"{where}.{key}: must be >= {lo}, got {value!r:.80}")
+    if value > MAX_INT:  # a count past any cluster's (an integer of 400 digits overflowed as a float)
+        raise SchemaError(f"{where}.{key}: must be <= {MAX_INT}, got {value!r:.80}")
     return value
 
 
@@ -446,10 +466,10 @@ class PoolState:
         where = f"{where}[{name}]"
         affinity = obj.get("affinity") or {}
         if not isinstance(affinity, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf
-            for k, v in affinity.items()
+            isinstance(k, str) and _finite(v) and v >= MIN_SPEED for k, v in affinity.items()
         ):
-            raise SchemaError(f"{where}.affinity: expected {{kind: finite speed-up > 0}}, got {affinity!r}")
+            raise SchemaError(f"{where}.affinity: expected {{kind: finite speed-up >= {MIN_SPEED}}}, "
+                              f"got {affinity!r:.200}")
         failure_rate = _num(obj, "failure_rate", where, default=0.0)
         if failure_rate > 1.0:
             raise SchemaError(f"{where}.failure_rate: a share of tries, must be <= 1, got {failure_rate!r}")
@@ -463,7 +483,7 @@ class PoolState:
             cpus=_num(obj, "cpus", where),
             memory_gb=_num(obj, "memory_gb", where),
             gpus=_num(obj, "gpus", where, default=0.0),
-            speed=_num(obj, "speed", where, default=1.0),
+            speed=_num(obj, "speed", where, default=1.0, lo=MIN_SPEED),
             price_per_hour=_num(obj, "price_per_hour", where, default=0.0),
             busy=_int(obj, "busy", where, default=0),
             queued=_int(obj, "queued", where, default=0),
@@ -483,7 +503,7 @@ MAX_FREE_AT = 512
 def _free_at(obj: Mapping[str, Any], where: str) -> tuple[float, ...]:
     raw = obj.get("free_at") or []
     if not isinstance(raw, list) or len(raw) > MAX_FREE_AT or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in raw
+        _finite(v) for v in raw
     ):
         raise SchemaError(f"{where}.free_at: expected at most {MAX_FREE_AT} finite numbers, got {raw!r:.80}")
     return tuple(sorted(float(v) for v in raw))
@@ -579,7 +599,7 @@ class Decision:
             "task_id": self.task_id,
             "pool": self.pool,
             "vm_class": self.vm_class,
-            "score": self.score,
+            "score": self.score if math.isfinite(self.score) else 0.0,  # strict JSON, whatever a placer scored
             "reason": self.reason,
             "fallback": self.fallback,
         }
@@ -670,14 +690,17 @@ def loads_json(data: bytes | str, *, max_bytes: int) -> Mapping[str, Any]:
     if len(data) > max_bytes:
         raise SchemaError(f"payload of {len(data)} bytes exceeds the limit of {max_bytes}")
     try:
-        obj = json.loads(data)
+        # strict UTF-8 first: json.loads(bytes) also takes UTF-16 and UTF-8-encoded surrogates,
+        # which no reply key or graph key can be written with (found by review: the batch's replies lost)
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        obj = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise SchemaError(f"payload is not JSON: {exc}") from exc
     except RecursionError:
         raise SchemaError("payload is not JSON: nested too deeply") from None
     if not isinstance(obj, dict):
         raise SchemaError(f"payload: expected a JSON object, got {type(obj).__name__}")
-    if (b"\\u" in data) if isinstance(data, bytes) else ("\\u" in data):
+    if "\\u" in text:
         # JSON may escape half a UTF-16 pair ("\ud800"), which no UTF-8 string holds: a request id or
         # run key with one crashed the replica writing it to Redis, then each that took it over
         # (found by review). Checked only when an escape is there (rare), on the decoded strings.

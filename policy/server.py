@@ -119,7 +119,8 @@ local lost = {}
 while i <= #ARGV do
   local id, key = ARGV[i], ARGV[i + 1]
   if #redis.call('XPENDING', stream, group, id, id, 1, me) > 0 then
-    if key ~= '' then
+    local kind = key ~= '' and redis.call('TYPE', key).ok or ''
+    if kind == 'none' or kind == 'list' then  -- another type there (not ours): acknowledged, unanswered
       redis.call('RPUSH', key, ARGV[i + 2])
       redis.call('EXPIRE', key, reply_ttl)
     end
@@ -250,6 +251,7 @@ class PolicyServer:
         self.started_at = time.time()
         self.batches = 0
         self.handled = 0
+        self._pool_labels: set[str] = set()  # the pool names decision metrics are labelled with
 
     # --- life cycle --------------------------------------------------------------------------
 
@@ -446,20 +448,31 @@ class PolicyServer:
         self._collect_and_freeze(now)
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + self.config.heartbeat_s
-            self.cache.expire()
-            self.metrics.graph_cache_entries.set(len(self.cache))
-            self.metrics.graph_cache_bytes.set(self.cache.bytes)
-            self._sync_clock(r)
-            beat = json.dumps({"ts": self.redis_now(), "version": self.version, "device": self.device,
-                               "pid": os.getpid(), "handled": self.handled})
-            r.hset(self.keys.heartbeat, self.config.consumer, beat)
-            if now >= self._next_prune:
-                self._next_prune = now + self.config.heartbeat_prune_s / 3
-                self._prune_heartbeats(r)
-            for g in r.xinfo_groups(self.keys.requests):
-                if _text(g["name"]) == self.keys.group:
-                    self.metrics.pending.set(g.get("pending") or 0)
-                    self.metrics.queue_depth.set(g.get("lag") or 0)
+            try:
+                self._housekeeping(r)
+            except redis.RedisError:
+                raise  # serve_forever's: reconnect, or recreate a vanished group
+            except Exception:  # noqa: BLE001 - what others wrote in Redis must not end the replica
+                log.exception("housekeeping failed (heartbeat, pruning, queue depth); serving on")
+
+    def _housekeeping(self, r: redis.Redis) -> None:
+        """Every ``heartbeat_s``: the graph cache's TTL, this replica's heartbeat, pruning the dead
+        replicas', the queue depth gauges."""
+        self.cache.expire()
+        self.metrics.graph_cache_entries.set(len(self.cache))
+        self.metrics.graph_cache_bytes.set(self.cache.bytes)
+        self._sync_clock(r)
+        beat = json.dumps({"ts": self.redis_now(), "version": self.version, "device": self.device,
+                           "pid": os.getpid(), "handled": self.handled})
+        r.hset(self.keys.heartbeat, self.config.consumer, beat)
+        now = time.monotonic()
+        if now >= self._next_prune:
+            self._next_prune = now + self.config.heartbeat_prune_s / 3
+            self._prune_heartbeats(r)
+        for g in r.xinfo_groups(self.keys.requests):
+            if _text(g["name"]) == self.keys.group:
+                self.metrics.pending.set(g.get("pending") or 0)
+                self.metrics.queue_depth.set(g.get("lag") or 0)
 
     def _prune_heartbeats(self, r: redis.Redis) -> None:
         """Remove the heartbeats of replicas silent for ``heartbeat_prune_s`` (they crashed: a
@@ -468,17 +481,17 @@ class PolicyServer:
         limit = self.config.heartbeat_prune_s
         now = self.redis_now()
         beats: Any = r.hgetall(self.keys.heartbeat)
-        dead = {_text(k) for k, v in beats.items() if now - heartbeat_ts(v) > limit}
-        dead.discard(self.config.consumer)
+        dead = {k for k, v in beats.items() if now - heartbeat_ts(v) > limit and _text(k) != self.config.consumer}
         if dead:
-            r.hdel(self.keys.heartbeat, *dead)
-            log.info("removed the heartbeats of %d silent replica(s): %s", len(dead), ", ".join(sorted(dead)))
-        live = {_text(k) for k in beats} - dead
+            r.hdel(self.keys.heartbeat, *dead)  # the raw names: one that is not UTF-8 goes too
+            log.info("removed the heartbeats of %d silent replica(s): %s", len(dead),
+                     ", ".join(sorted(_text(k) for k in dead)))
+        live = {_text(k) for k in beats if k not in dead}
         for c in r.xinfo_consumers(self.keys.requests, self.keys.group):
             name = _text(c["name"])
             if name not in live and name != self.config.consumer and c["pending"] == 0 \
                     and c["idle"] > limit * 1000:
-                r.xgroup_delconsumer(self.keys.requests, self.keys.group, name)
+                r.xgroup_delconsumer(self.keys.requests, self.keys.group, c["name"])
 
     def _forget_run(self, key: tuple[str, str]) -> None:
         """A graph left the cache: drop what was derived from it, so the cache's bounds hold for
@@ -739,7 +752,19 @@ class PolicyServer:
         for d in decisions:
             counts[d.pool] = counts.get(d.pool, 0) + 1
         for pool, n in counts.items():
-            self.metrics.decisions.labels(pool=pool, policy_version=self.version).inc(n)
+            self.metrics.decisions.labels(pool=self._pool_label(pool), policy_version=self.version).inc(n)
+
+    def _pool_label(self, pool: str) -> str:
+        """``pool`` as a metrics label: the first :data:`_MAX_POOL_LABELS` pool names of at most
+        :data:`_MAX_POOL_LABEL_LEN` characters this replica decided on, any other ``"other"``
+        (found by review: pool names are the requests', and 200 requests naming long new pools
+        left a 40 MB /metrics page, never freed)."""
+        if pool in self._pool_labels:
+            return pool
+        if len(pool) <= _MAX_POOL_LABEL_LEN and len(self._pool_labels) < _MAX_POOL_LABELS:
+            self._pool_labels.add(pool)
+            return pool
+        return "other"
 
     # --- health ------------------------------------------------------------------------------
 
@@ -760,9 +785,16 @@ class PolicyServer:
         }
 
 
+#: distinct pool names a replica labels its decision metrics with (the schema's MAX_POOLS per request)
+_MAX_POOL_LABELS = 256
+_MAX_POOL_LABEL_LEN = 128
+
+
 def _text(value: bytes | str) -> str:
-    """A name from a Redis reply (bytes: the client does not decode responses)."""
-    return value.decode() if isinstance(value, bytes) else str(value)
+    """A name from a Redis reply (bytes: the client does not decode responses); bytes that are not
+    UTF-8 are replaced (a consumer or group someone else named so crashed every replica's
+    housekeeping: found by review). For comparing and logging: Redis is given the raw name."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _entry_ms(entry_id: bytes) -> int | None:

@@ -14,6 +14,7 @@ replicas need not agree on the time.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -86,12 +87,17 @@ def heartbeat_ts(value: bytes | str) -> float:
     unreadable (counts as long dead)."""
     text = value.decode(errors="replace") if isinstance(value, bytes) else value
     try:
-        return float(text)
+        ts: Any = float(text)
     except ValueError:
-        pass
+        try:
+            obj = json.loads(text)
+        except (ValueError, RecursionError):  # RecursionError: "[[[[..." (found by review)
+            return 0.0
+        ts = obj.get("ts") if isinstance(obj, dict) else None
+        if not isinstance(ts, (int, float)) or isinstance(ts, bool):
+            return 0.0
     try:
-        obj = json.loads(text)
-    except ValueError:
+        ts = float(ts)
+    except OverflowError:  # an integer of 400 digits
         return 0.0
-    ts = obj.get("ts") if isinstance(obj, dict) else None
-    return float(ts) if isinstance(ts, (int, float)) and not isinstance(ts, bool) else 0.0
+    return ts if math.isfinite(ts) else 0.0

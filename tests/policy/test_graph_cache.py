@@ -161,3 +161,14 @@ def test_estimate_covers_what_a_cached_run_costs(n: int) -> None:
 def test_bad_bounds() -> None:
     with pytest.raises(ValueError, match="entries=0"):
         GraphCache(max_entries=0)
+
+
+def test_long_strings_count_against_the_memory_bound() -> None:
+    """Found by review: a 1 MB kind per task and a 0.5 MB run key were not in the estimate, so the byte
+    bound held 430 MiB of graphs as a few hundred KiB."""
+    big = RunGraph("r" * 500_000, tuple(TaskNode(f"t{i}", kind="k" * 100_000, pool="p" * 1000) for i in range(3)), ())
+    assert estimate_bytes(big) >= 500_000 + 3 * 101_000
+    cache = GraphCache(max_bytes=1_000_000)
+    cache.put(big)
+    cache.put(RunGraph("other", big.tasks, ()))
+    assert cache.bytes <= 1_000_000 and len(cache) == 1

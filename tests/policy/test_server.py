@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 import redis
@@ -191,3 +192,69 @@ def test_a_redis_it_cannot_use_at_start_up_is_a_warning_once(caplog: pytest.LogC
     assert len(failures) > 3, "it kept retrying"
     warned = [r for r in failures if r.levelno == logging.WARNING]
     assert len(warned) == 1 and "cannot use Redis at redis://:***@127.0.0.1" in warned[0].getMessage(), "no password"
+
+
+def test_bytes_that_are_not_utf8_get_bad_request_and_the_rest_of_the_batch_its_replies(
+        start_server, rclient: redis.Redis) -> None:
+    """Found by review: json.loads(bytes) took a surrogate encoded in UTF-8 (and UTF-16 payloads);
+    no reply or graph key could then be written, and the whole batch's replies were lost."""
+    good = [request([chain(f"g{i}")], [(f"g{i}", "t0")], request_id=f"good-{i}") for i in range(4)]
+    bad = ('{"schema_version": 1, "request_id": "raw-surrogate", "ready": [{"run_key": "x\xed\xa0\x80", '
+           '"task_id": "a"}], "pools": [], "runs": [{"run_key": "x\xed\xa0\x80", "tasks": [{"task_id": "a"}], '
+           '"edges": []}]}').encode("latin-1")
+    for req in good[:2]:
+        send(rclient, req)
+    send_raw(rclient, bad)
+    send_raw(rclient, '{"request_id": "utf16", "ready": [], "pools": []}'.encode("utf-16"))
+    for req in good[2:]:
+        send(rclient, req)
+    rs = start_server()  # all six in its first batch
+    for req in good:
+        reply = wait_reply(rclient, req.request_id)
+        assert reply is not None and reply.ok, req.request_id
+    reply = wait_reply(rclient, "raw-surrogate")
+    assert reply is not None and reply.error_code == "bad_request" and "JSON" in (reply.error or "")
+    assert rs.server.metrics.requests.labels(outcome="bad_request")._value.get() == 2
+    assert rclient.xpending(KEYS.requests, KEYS.group)["pending"] == 0 and rs.thread.is_alive()
+
+
+def test_a_reply_key_of_another_type_is_skipped_not_retried_for_ever(start_server, rclient: redis.Redis) -> None:
+    """Found by review: RPUSH on a key someone made a string failed the reply script (WRONGTYPE), which the
+    server took for a lost Redis: reconnects, the entry claimed back again and again, its batch unanswered."""
+    rclient.set(KEYS.reply("taken"), "not a list")
+    send(rclient, request([chain("w")], [("w", "t0")], request_id="taken"))
+    send(rclient, request([chain("v")], [("v", "t0")], request_id="after"))
+    rs = start_server()
+    reply = wait_reply(rclient, "after")
+    assert reply is not None and reply.ok
+    assert rclient.get(KEYS.reply("taken")) == b"not a list"  # left as it was, the entry acknowledged
+    assert rclient.xpending(KEYS.requests, KEYS.group)["pending"] == 0
+    time.sleep(0.5)
+    assert rs.server.metrics.reconnects._value.get() == 0
+
+
+def test_what_others_wrote_in_redis_does_not_end_a_replica(start_server, rclient: redis.Redis) -> None:
+    """Found by review: a heartbeat field or consumer group named in bytes that are not UTF-8, or a heartbeat
+    of "[" x 100,000 or {"ts": <400 digits>}, raised out of the housekeeping: every replica down, at every restart."""
+    rclient.hset(KEYS.heartbeat, b"\xffdead", "[" * 100_000)
+    rclient.hset(KEYS.heartbeat, "huge", '{"ts": ' + "9" * 400 + "}")
+    rs = start_server(heartbeat_prune_s=0.7)
+    rclient.xgroup_create(KEYS.requests, b"mon\xff", id="$")
+    time.sleep(1.5)  # several heartbeats and a prune
+    assert rs.thread.is_alive()
+    assert ask(rclient, request([chain("ok")], [("ok", "t0")])).ok  # type: ignore[union-attr]
+    # the junk heartbeats read as long dead and are pruned, under their raw names
+    assert set(rclient.hkeys(KEYS.heartbeat)) == {b"replica-a"}
+
+
+def test_pool_names_label_the_decision_metrics_within_a_bound(start_server, rclient: redis.Redis) -> None:
+    """Found by review: every pool name a request brought became a label series for ever (40 MB of
+    /metrics after 200 requests naming long new pools)."""
+    rs = start_server(catalogue=None)
+    for i in range(3):
+        req = request([chain(f"p{i}")], [(f"p{i}", "t0")])
+        pools = tuple(replace(p, name=("x" * 200) + str(i)) for p in req.pools)
+        reply = ask(rclient, replace(req, pools=pools))
+        assert reply is not None and reply.ok
+    labels = {s.labels["pool"] for m in rs.server.metrics.decisions.collect() for s in m.samples}
+    assert labels == {"other"}

@@ -152,8 +152,16 @@ def _with_pool(pool: int, **values: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("values", "field"), [
     ({"failure_rate": 2.0}, "failure_rate: a share of tries, must be <= 1"),
-    ({"affinity": {"gpu_train": math.inf}}, "affinity: expected {kind: finite speed-up > 0}"),
+    ({"affinity": {"gpu_train": math.inf}}, "affinity: expected {kind: finite speed-up >= 0.001}"),
     ({"speed": math.nan}, "speed: expected a finite number"),
+    # found by review: an integer past a float's range raised OverflowError (an internal error),
+    # speed 0 divided by zero in the heuristic, a speed of 1e-320 put -Infinity on the wire
+    ({"cpus": 10**400}, "cpus: expected a finite number"),
+    ({"affinity": {"gpu_train": 10**400}}, "affinity: expected {kind: finite speed-up >= 0.001}"),
+    ({"free_at": [10**400]}, "free_at: expected at most"),
+    ({"slots": 10**400}, "slots: must be <= 2147483647"),
+    ({"speed": 0}, "speed: must be >= 0.001"),
+    ({"speed": 1e-320}, "speed: must be >= 0.001"),
 ])
 def test_pool_numbers_outside_their_domain_are_refused(server: PolicyServer, values: dict[str, Any],
                                                        field: str) -> None:
