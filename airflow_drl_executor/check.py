@@ -1,25 +1,29 @@
 """``airflow drl-executor check``: is this deployment's DRLExecutor set up to place tasks?
 
-Run it where the scheduler runs, with the scheduler's ``airflow.cfg`` and environment. Each check
-says ``ok``, ``warn`` (works, degraded or not yet in use) or ``fail`` (placements will not use the
+Run it where the scheduler runs, with the scheduler's ``airflow.cfg`` and environment
+(``--team T``: the executor of team T, its options read as the executor reads them). Each check
+says ``ok``, ``warn`` (works, degraded or not in use) or ``fail`` (placements will not use the
 learned policy, or the executor will not start), with what it found:
 
 - ``config``: ``[drl_executor]`` parses and validates, ``max_wait_s`` is below
   ``[scheduler] task_queued_timeout``, the pool catalogue loads (what the executor does at start).
-- ``executor``: ``[core] executor`` names DRLExecutor (warn: this deployment does not use it).
+- ``executor``: ``[core] executor`` as Airflow parses it names a DRLExecutor class that imports
+  (fail when an entry does not import), as the default executor (warn when another is the default
+  or none is DRLExecutor).
 - ``redis``: the policy servers' Redis answers ``PING`` with this URL, password and TLS settings.
 - ``policy servers``: the replicas with a fresh heartbeat (``server_stale_after_s``), each with
   its model version and device; none means every placement falls back to the heuristic.
 - ``round trip``: a small probe request (two tasks of a probe DAG run, this catalogue's pools) is
-  placed by a server within ``decision_timeout_ms``, on pools of this catalogue: the prefix, the
-  wire schema and the server's catalogue agree with the executor's. It is a real request: the
-  servers count it in their metrics; nothing is dispatched and no trace is written.
+  placed by a server within ``decision_timeout_ms``: the prefix and the wire schema agree with the
+  executor's. It is a real request: the servers count it in their metrics; nothing is dispatched
+  and no trace is written.
 - ``workers``: the live Celery workers of each pool's queue (Celery's ``active_queues``
-  broadcast, as the executor's pool liveness check asks; warn for a pool none consumes).
-- ``traces``: the ``drl_placement`` table in the metadata database (rows, the newest); warn when
-  it is not there yet (the executor creates it at its first placement).
-- ``spool``: the spool directory is writable, and how many placement rows wait there for the
-  database.
+  broadcast, through a Celery app built as the executor builds its own, bounded in time), and the
+  pools the executor would mark down (warn); ``celery`` fails when no such app can be built.
+- ``traces``: the ``drl_placement`` table in the metadata database (rows, the newest; bounded in
+  time); warn when it is not there yet (the executor creates it at its first placement).
+- ``spool``: the spool directory is writable, and how many placement rows and not-sent marks wait
+  there for the database (warn).
 
 Exit status 1 when any check fails, else 0. ``--output json`` prints the findings as a list.
 """
@@ -36,7 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_drl_executor.config import redacted_url
+from policy.transport import redacted_url
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 
@@ -66,11 +70,37 @@ def check_config(conf: Any) -> tuple[Finding, Any, Any]:
     return Finding("config", OK, f"[{SECTION}] valid; catalogue {catalogue.source}: {pools}"), cfg, catalogue
 
 
-def check_executor(conf: Any) -> Finding:
-    name = str(conf.get("core", "executor", fallback="") or "")
-    if "DRLExecutor" in name:
-        return Finding("executor", OK, f"[core] executor = {name}")
-    return Finding("executor", WARN, f"[core] executor = {name or '(unset)'}: DRLExecutor is not in use here")
+def _label(name: Any) -> str:
+    """An executor entry as ``[core] executor`` spells it (``alias:module.path``)."""
+    alias, path = getattr(name, "alias", None), getattr(name, "module_path", str(name))
+    return f"{alias}:{path}" if alias and alias != path else str(path)
+
+
+def check_executor(names: Callable[[], list[Any]], team: str | None = None) -> Finding:
+    """``[core] executor`` as Airflow's ExecutorLoader reads it: an entry whose class is (a subclass
+    of) DRLExecutor, and whether it is the default one (of ``team``'s executors)."""
+    from airflow.executors.executor_loader import ExecutorLoader
+
+    from airflow_drl_executor.executor import DRLExecutor
+
+    try:
+        mine = [n for n in names() if getattr(n, "team_name", None) == team]
+    except Exception as exc:  # noqa: BLE001 - Airflow refuses the setting: the scheduler would too
+        return Finding("executor", FAIL, f"[core] executor: {type(exc).__name__}: {exc}")
+    if not mine:
+        return Finding("executor", WARN, f"[core] executor names no executor{f' for team {team}' if team else ''}")
+    for i, name in enumerate(mine):
+        try:
+            cls, _ = ExecutorLoader.import_executor_cls(name)
+        except Exception as exc:  # noqa: BLE001 - the scheduler would not start
+            return Finding("executor", FAIL, f"[core] executor {name.module_path!r}: {type(exc).__name__}: {exc}")
+        if isinstance(cls, type) and issubclass(cls, DRLExecutor):
+            if i == 0:
+                return Finding("executor", OK, f"[core] executor: {_label(name)} is the default executor")
+            return Finding("executor", WARN, f"[core] executor: {_label(name)} is configured, but {_label(mine[0])} "
+                                             "is the default: only tasks that name it run through DRLExecutor")
+    listed = ", ".join(_label(n) for n in mine)
+    return Finding("executor", WARN, f"[core] executor: {listed}: DRLExecutor is not in use here")
 
 
 def check_redis(cfg: Any, timeout_s: float) -> tuple[Finding, Any]:
@@ -153,18 +183,26 @@ def check_round_trip(cfg: Any, catalogue: Any) -> Finding:
     foreign = sorted({d.pool for d in reply.decisions} - names)
     if foreign:
         return Finding("round trip", FAIL, f"{reply.policy} {reply.policy_version} placed the probe on "
-                                           f"{', '.join(foreign)}, not a pool of this catalogue: the "
-                                           "servers read another catalogue")
+                                           f"{', '.join(foreign)}, not a pool of the request")
     placed = "; ".join(f"{d.task_id} -> {d.pool} ({d.reason[:160]})" if d.reason else f"{d.task_id} -> {d.pool}"
                        for d in reply.decisions) or "held (wait for a better pool)"
     return Finding("round trip", OK, f"{reply.policy} {reply.policy_version} answered in {ms:.1f} ms: {placed}")
 
 
-def check_workers(catalogue: Any, ask: Callable[[], Any]) -> Finding:
+def check_workers(cfg: Any, catalogue: Any, ask: Callable[[], Any] | None) -> Finding:
+    """Live Celery workers per pool, and which pools the executor would mark down (``_up``)."""
+    from airflow_drl_executor.executor import _up
+
+    if cfg.pool_check_interval_s <= 0:
+        return Finding("workers", OK, "pool_check_interval_s is 0: no liveness check, every pool counts as the "
+                                      "catalogue says")
+    if ask is None:
+        return Finding("workers", WARN, "no Celery app to ask (see the message above)")
     try:
         replies = ask()
     except Exception as exc:  # noqa: BLE001
-        return Finding("workers", WARN, f"the Celery broadcast failed: {type(exc).__name__}: {exc}")
+        return Finding("workers", WARN, f"the Celery broadcast failed: {type(exc).__name__}: {exc}: every pool "
+                                        "counts as the catalogue says")
     if not replies:
         return Finding("workers", WARN, "no Celery worker answered: every pool counts as the catalogue says")
     count = dict.fromkeys(catalogue.names, 0)
@@ -173,36 +211,43 @@ def check_workers(catalogue: Any, ask: Callable[[], Any]) -> Finding:
             if name in count:
                 count[name] += 1
     text = ", ".join(f"{p} {n}" for p, n in count.items())
-    empty = [p for p, n in count.items() if n == 0]
-    if empty:
-        return Finding("workers", WARN, f"live workers per pool: {text}; no worker consumes "
-                                        f"{', '.join(empty)}: marked down (only tasks no other pool may run go there)")
-    return Finding("workers", OK, f"live workers per pool: {text}")
+    down = [spec.name for spec in catalogue.pools if not _up(spec, count)]
+    if down:
+        return Finding("workers", WARN, f"live workers per pool: {text}; marked down: {', '.join(down)} (only "
+                                        "tasks no other pool may run go there)")
+    return Finding("workers", OK, f"live workers per pool: {text} (a pool that may scale to zero counts as up)")
 
 
-def check_traces() -> Finding:
-    from sqlalchemy import func, inspect, select
-
+def check_traces(timeout_s: float) -> Finding:
     from airflow_drl_executor import traces
+    from airflow_drl_executor.liveness import run_within
 
-    try:
+    def read() -> tuple[int, Any] | None:
         from airflow.utils.session import create_session
+        from sqlalchemy import func, inspect, select
 
         with create_session(scoped=False) as session:
             conn = session.connection()
             if not inspect(conn).has_table(traces.placements.name):
-                return Finding("traces", WARN, f"no {traces.placements.name} table yet: the executor makes it "
-                                               "at its first placement")
+                return None
             col = traces.placements.c
             n, newest = conn.execute(select(func.count(), func.max(col.decided_at))).one()
+            return int(n), newest
+
+    try:  # bounded: a database that accepts and never answers held the command for ever (found by review)
+        got = run_within(read, timeout_s, "trace-table")
     except Exception as exc:  # noqa: BLE001
         return Finding("traces", FAIL, f"the metadata database: {type(exc).__name__}: {exc}")
+    if got is None:
+        return Finding("traces", WARN, f"no {traces.placements.name} table yet: the executor makes it at its "
+                                       "first placement")
+    n, newest = got
     when = newest.isoformat(timespec="seconds") if newest is not None else "none yet"
     return Finding("traces", OK, f"{traces.placements.name}: {n} placement(s), the newest {when}")
 
 
 def check_spool(cfg: Any) -> Finding:
-    from airflow_drl_executor.spool import default_dir
+    from airflow_drl_executor.spool import default_dir, waiting
 
     if not cfg.record_traces:
         return Finding("spool", OK, "record_traces is off: no spool")
@@ -211,29 +256,32 @@ def check_spool(cfg: Any) -> Finding:
         where.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=where, prefix=".check."):
             pass
-    except OSError as exc:
-        return Finding("spool", FAIL, f"{where}: not writable ({exc}): rows the database refuses would be "
+    except OSError as exc:  # the executor logs it and keeps such rows in memory only
+        return Finding("spool", WARN, f"{where}: not writable ({exc}): rows the database refuses would be "
                                       "kept in memory only")
-    waiting = 0
-    for path in where.glob("*.jsonl"):
-        if path.name.endswith(".rejected.jsonl"):
-            continue
-        try:
-            waiting += sum(1 for line in path.read_bytes().splitlines() if line.strip())
-        except OSError:
-            continue
-    if waiting:
-        return Finding("spool", WARN, f"{where}: {waiting} placement row(s) wait for the database")
+    rows, marks = waiting(where)
+    if rows or marks:
+        return Finding("spool", WARN, f"{where}: {rows} placement row(s) and {marks} not-sent mark(s) wait for "
+                                      "the database")
     return Finding("spool", OK, f"{where}: writable, nothing waiting")
 
 
 def run_checks(conf: Any, *, workers: Callable[[], Any] | None = None, database: bool = True,
-               timeout_s: float = 2.0) -> list[Finding]:
-    """Every check, in order (later ones need what earlier ones found). ``workers`` asks Celery's
-    workers which queues they consume (default: the Celery executor's app); ``database``: check
-    the trace table (needs Airflow's metadata database configured)."""
+               timeout_s: float = 2.0, team: str | None = None,
+               executor_names: Callable[[], list[Any]] | None = None) -> list[Finding]:
+    """Every check, in order (later ones need what earlier ones found). ``conf``: the executor's
+    configuration (``ExecutorConf(team)``, as the executor reads it). ``workers`` asks Celery's
+    workers which queues they consume (default: a Celery app built from ``conf`` as the executor
+    builds its own); ``database``: check the trace table; ``executor_names``: Airflow's parsed
+    ``[core] executor`` (default: ExecutorLoader's)."""
+    if executor_names is None:
+        from airflow.executors.executor_loader import ExecutorLoader
+
+        def executor_names() -> list[Any]:
+            return ExecutorLoader.get_executor_names(validate_teams=False)
+
     found, cfg, catalogue = check_config(conf)
-    out = [found, check_executor(conf)]
+    out = [found, check_executor(executor_names, team)]
     if cfg is None:
         return out
     redis_found, r = check_redis(cfg, timeout_s)
@@ -243,15 +291,18 @@ def run_checks(conf: Any, *, workers: Callable[[], Any] | None = None, database:
         r.close()
         if out[-1].status == OK:
             out.append(check_round_trip(cfg, catalogue))
-    if workers is None:
-        from airflow.providers.celery.executors.celery_executor import app
+    if workers is None and cfg.pool_check_interval_s > 0:
+        try:
+            from airflow.providers.celery.executors.celery_executor_utils import create_celery_app
 
-        from airflow_drl_executor.liveness import celery_inspector
+            from airflow_drl_executor.liveness import celery_inspector
 
-        workers = celery_inspector(app, cfg.pool_check_timeout_s)
-    out.append(check_workers(catalogue, workers))
+            workers = celery_inspector(create_celery_app(conf), cfg.pool_check_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - [celery] settings the executor could not use either
+            out.append(Finding("celery", FAIL, f"cannot build the Celery app: {type(exc).__name__}: {exc}"))
+    out.append(check_workers(cfg, catalogue, workers))
     if database:
-        out.append(check_traces())
+        out.append(check_traces(max(timeout_s, 5.0)))
     out.append(check_spool(cfg))
     return out
 
@@ -263,9 +314,9 @@ def render(findings: list[Finding]) -> str:
 
 def command(args: Any) -> None:
     """The ``airflow drl-executor check`` action."""
-    from airflow.configuration import conf
+    from airflow.executors.base_executor import ExecutorConf
 
-    findings = run_checks(conf, timeout_s=args.timeout)
+    findings = run_checks(ExecutorConf(args.team or None), timeout_s=args.timeout, team=args.team or None)
     if args.output == "json":
         print(json.dumps([asdict(f) for f in findings], indent=2))
     else:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol
 
-from policy.transport import check_ca_cert
+from policy.transport import check_ca_cert, redacted_url
 
 SECTION = "drl_executor"
 
@@ -137,7 +137,7 @@ class ExecutorConfig:
     def __post_init__(self) -> None:
         if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"[{SECTION}] redis_url must start with redis://, rediss:// or unix://, "
-                             f"got {self.redis_url!r}")
+                             f"got {redacted_url(self.redis_url)!r}")
         try:
             check_ca_cert(self.redis_url, self.redis_ca_cert)
         except ValueError as exc:
@@ -183,14 +183,6 @@ class ExecutorConfig:
         if not values.get("catalogue"):
             values["catalogue"] = packaged_catalogue()
         return cls(**values)
-
-
-def redacted_url(url: str) -> str:
-    """``url`` without its user and password (for logs and reports)."""
-    if "@" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    return f"{scheme}://***@{rest.split('@', 1)[1]}"
 
 
 def _to_bool(raw: Any) -> bool:

@@ -34,7 +34,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from airflow_drl_executor import metrics, traces
 from airflow_drl_executor.client import PlacementClient, PlacementUnavailable
-from airflow_drl_executor.config import ExecutorConfig, redacted_url
+from airflow_drl_executor.config import ExecutorConfig
 from airflow_drl_executor.graph_builder import (
     GraphBuilder,
     ReadyInstance,
@@ -53,6 +53,7 @@ from policy.graph import view
 from policy.lru import LRU
 from policy.placement import EarliestFinishPlacer
 from policy.schema import Decision, PlacementRequest, PoolState, ReadyTask, RunGraph, RunProgress, TaskNode
+from policy.transport import redacted_url
 
 if TYPE_CHECKING:
     from airflow.executors import workloads

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +29,63 @@ log = logging.getLogger(__name__)
 Replies = Mapping[str, Sequence[Mapping[str, Any]]] | None
 
 
-def celery_inspector(app: Any, timeout_s: float) -> Callable[[], Replies]:
-    """``active_queues()`` of every worker of Celery ``app``, over a connection of its own."""
+#: seconds a broadcast may take past its own reply timeout (connecting, publishing) before it counts as hung
+BROADCAST_GRACE_S = 5.0
 
-    def ask() -> Replies:
+_R = TypeVar("_R")
+
+
+class Hung(TimeoutError):
+    """A call :func:`run_within` gave up waiting for; ``thread`` still runs it."""
+
+    def __init__(self, message: str, thread: threading.Thread) -> None:
+        super().__init__(message)
+        self.thread = thread
+
+
+def run_within(fn: Callable[[], _R], timeout_s: float, what: str) -> _R:
+    """``fn()`` in a daemon thread, its result or its exception; :class:`Hung` (a TimeoutError) when
+    it has not returned within ``timeout_s`` (the thread is left to finish or hang on its own)."""
+    out: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            out["error"] = exc
+
+    thread = threading.Thread(target=call, name=f"drl-{what}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise Hung(f"{what}: no answer within {timeout_s:g} s", thread)
+    if "error" in out:
+        raise out["error"]
+    return out["value"]  # type: ignore[no-any-return]
+
+
+def celery_inspector(app: Any, timeout_s: float) -> Callable[[], Replies]:
+    """``active_queues()`` of every worker of Celery ``app``, over a connection of its own.
+
+    Bounded: a broker that accepts and never answers held the broadcast for ever (kombu's ping of
+    a silent Redis: found by review), the pool watch's thread with it, so no pool was checked
+    again; now such a call raises TimeoutError after ``timeout_s`` + :data:`BROADCAST_GRACE_S`, and
+    while it still hangs the next calls raise at once instead of stacking threads."""
+    hung: list[threading.Thread] = []
+
+    def broadcast() -> Replies:
         with app.connection_for_write() as conn:
             return app.control.inspect(timeout=timeout_s, connection=conn).active_queues()  # type: ignore[no-any-return]
+
+    def ask() -> Replies:
+        if hung and hung[0].is_alive():
+            raise TimeoutError("the last Celery broadcast has not returned yet (the broker does not answer)")
+        hung.clear()
+        try:
+            return run_within(broadcast, timeout_s + BROADCAST_GRACE_S, "pool-broadcast")
+        except Hung as exc:
+            hung.append(exc.thread)
+            raise
 
     return ask
 

@@ -20,6 +20,7 @@ def get_cli_commands() -> list[Any]:
         args=(
             Arg(("-o", "--output"), help="text (default) or json", choices=("text", "json"), default="text"),
             Arg(("--timeout",), help="seconds to wait for Redis (default: 2)", type=float, default=2.0),
+            Arg(("--team",), help="check the executor of this team (multi-team deployments)", default=None),
         ),
     )
     return [GroupCommand(name="drl-executor", help="DRLExecutor's own commands", subcommands=(check,))]

@@ -217,6 +217,15 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def waiting(directory: Path) -> tuple[int, int]:
+    """(placement rows, not-sent marks) waiting for the database in every readable file of
+    ``directory``, live processes' included (``airflow drl-executor check``)."""
+    rows = sum(len(list(_readable(p, _read))) for p in directory.glob("*.jsonl")
+               if not p.name.endswith(".rejected.jsonl"))
+    marks = sum(len(list(_readable(p, _read_unsent))) for p in directory.glob("*.unsent.json"))
+    return rows, marks
+
+
 def _readable(path: Path, read: Callable[[Path], Iterable[_T]]) -> Iterable[_T]:
     """What ``read`` finds in ``path``; nothing (logged) for a file it cannot read."""
     try:

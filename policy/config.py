@@ -12,11 +12,11 @@ import os
 import socket
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Mapping
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from policy.errors import PolicyError
 from policy.features import HOLD_RATIO, check_gate_scope, check_hold_ratio, check_premium_ratio
-from policy.transport import DEFAULT_PREFIX, check_ca_cert
+from policy.transport import DEFAULT_PREFIX, check_ca_cert, redacted_url
 
 ENV_PREFIX = "DRL_POLICY_"
 PLACERS = ("auto", "eft", "gnn")
@@ -197,14 +197,8 @@ class ServerConfig:
 
     @property
     def safe_redis_url(self) -> str:
-        """The Redis URL with the password masked, for logs."""
-        parts = urlsplit(self.redis_url)
-        if parts.password is None:
-            return self.redis_url
-        user = parts.username or ""
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-        return urlunsplit((parts.scheme, f"{user}:***@{host}{port}", parts.path, parts.query, ""))
+        """The Redis URL without its user, password and secret query parameters, for logs."""
+        return redacted_url(self.redis_url)
 
     @classmethod
     def from_sources(

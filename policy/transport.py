@@ -18,6 +18,7 @@ import math
 import os
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 DEFAULT_PREFIX = "drl"
 
@@ -74,6 +75,29 @@ def check_ca_cert(redis_url: str, ca_cert: str | None) -> None:
         raise ValueError(f"a CA certificate ({ca_cert!r}) needs a rediss:// URL (TLS); the URL is not one")
     if not os.path.isfile(ca_cert) or not os.access(ca_cert, os.R_OK):
         raise ValueError(f"CA certificate {ca_cert!r} is not a readable file")
+
+
+#: query parameters of a Redis URL that are secrets (redis-py reads ``?password=`` too)
+_SECRET_PARAMS = frozenset({"password", "username", "user"})
+
+
+def redacted_url(url: str) -> str:
+    """``url`` without its secrets, for logs and reports: the user and password before the last
+    ``@`` of its authority (a password may hold one), and ``password`` / ``username`` query
+    parameters (found by review: ``unix:///run/redis.sock?password=...`` was printed whole)."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, host = netloc.rsplit("@", 1)
+            # "user:password": the user stays (an ACL user names who, not a secret); anything
+            # else before the "@" may be a password alone, and goes
+            netloc = f"{userinfo.split(':', 1)[0]}:***@{host}" if ":" in userinfo else f"***@{host}"
+        query = "&".join(f"{k}=***" if k.lower() in _SECRET_PARAMS else (f"{k}={v}" if v else k)
+                         for k, v in parse_qsl(parts.query, keep_blank_values=True))
+    except ValueError:
+        return "<a Redis URL that does not parse>"
+    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
 
 
 def tls_options(redis_url: str, ca_cert: str | None) -> dict[str, Any]:

@@ -9,8 +9,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from airflow_drl_executor.check import FAIL, OK, WARN, Finding, run_checks
+from airflow.executors.executor_utils import ExecutorName
+
+from airflow_drl_executor.check import FAIL, OK, WARN, Finding, check_executor, run_checks
+from airflow_drl_executor.spool import Spool
+from policy.catalogue import PACKAGED_CATALOGUES
 from policy.server import PolicyServer
+from policy.transport import redacted_url
+
+DRL = "airflow_drl_executor.DRLExecutor"
 
 LIVE = {"w1": [{"name": "cpu-small"}], "w2": [{"name": "cpu-large"}, {"name": "x"}], "w3": [{"name": "gpu"}]}
 
@@ -35,10 +42,16 @@ def by_name(found: list[Finding]) -> dict[str, Finding]:
     return {f.check: f for f in found}
 
 
+def checks(conf: Conf, workers: Callable[[], Any] | None = lambda: LIVE) -> dict[str, Finding]:
+    """Every check but the trace table's, with [core] executor = DRLExecutor alone."""
+    return by_name(run_checks(conf, workers=workers, database=False,
+                              executor_names=lambda: [ExecutorName(DRL, alias="DRLExecutor")]))
+
+
 def test_a_working_setup_is_ok_throughout(redis_url: str, tmp_path: Path,
                                           policy_server: Callable[..., PolicyServer]) -> None:
     policy_server()
-    found = by_name(run_checks(conf(redis_url, tmp_path), workers=lambda: LIVE, database=False))
+    found = checks(conf(redis_url, tmp_path))
     assert list(found) == ["config", "executor", "redis", "policy servers", "round trip", "workers", "spool"]
     assert {f.status for f in found.values()} == {OK}, found
     assert "c0 eft:" in found["policy servers"].detail and "on cpu" in found["policy servers"].detail
@@ -48,30 +61,28 @@ def test_a_working_setup_is_ok_throughout(redis_url: str, tmp_path: Path,
 
 def test_no_server_a_wrong_password_and_a_missing_worker_are_reported(
         redis_url: str, tmp_path: Path, policy_server: Callable[..., PolicyServer]) -> None:
-    found = by_name(run_checks(conf(redis_url, tmp_path), workers=lambda: {"w1": [{"name": "gpu"}]},
-                               database=False))
+    found = checks(conf(redis_url, tmp_path), workers=lambda: {"w1": [{"name": "gpu"}]})
     assert found["policy servers"].status == FAIL and "no heartbeat" in found["policy servers"].detail
     assert "round trip" not in found  # nothing to ask
-    assert found["workers"].status == WARN and "no worker consumes cpu-small, cpu-large" in found["workers"].detail
+    assert found["workers"].status == WARN and "marked down: cpu-small, cpu-large" in found["workers"].detail
     # another prefix than the servers': no server either (a typo shows here, not as silent fallbacks)
     policy_server()
-    found = by_name(run_checks(conf(redis_url, tmp_path, key_prefix="other"), workers=lambda: LIVE, database=False))
+    found = checks(conf(redis_url, tmp_path, key_prefix="other"))
     assert found["policy servers"].status == FAIL and "'other'" in found["policy servers"].detail
     # a password the private redis-server does not take (it requires one): the URL's, redacted
     scheme, rest = redis_url.split("://", 1)
     wrong = f"{scheme}://:nope@{rest.split('@', 1)[-1]}"
-    found = by_name(run_checks(conf(wrong, tmp_path), workers=lambda: LIVE, database=False))
-    assert found["redis"].status == FAIL and "nope" not in found["redis"].detail and "***@" in found["redis"].detail
+    found = checks(conf(wrong, tmp_path))
+    assert found["redis"].status == FAIL and "nope" not in found["redis"].detail and ":***@" in found["redis"].detail
     assert "policy servers" not in found
 
 
 def test_a_config_the_executor_would_refuse_stops_the_checks(redis_url: str, tmp_path: Path) -> None:
     bad = conf(redis_url, tmp_path, max_wait_s="900")  # above [scheduler] task_queued_timeout's 600
-    found = run_checks(bad, workers=lambda: LIVE, database=False)
+    found = list(checks(bad).values())
     assert [(f.check, f.status) for f in found] == [("config", FAIL), ("executor", OK)]
     assert "task_queued_timeout" in found[0].detail
-    found = run_checks(conf(redis_url, tmp_path, catalogue=str(tmp_path / "none.yaml")), workers=lambda: LIVE,
-                       database=False)
+    found = list(checks(conf(redis_url, tmp_path, catalogue=str(tmp_path / "none.yaml"))).values())
     assert found[0].status == FAIL and "none.yaml" in found[0].detail
 
 
@@ -81,12 +92,18 @@ def test_rows_waiting_in_the_spool_and_an_unwritable_spool(redis_url: str, tmp_p
     (tmp_path / "spool").mkdir()
     (tmp_path / "spool" / "host-1.jsonl").write_text('{"a": 1}\n{"a": 2}\n')
     (tmp_path / "spool" / "host-1.rejected.jsonl").write_text('{"a": 3}\n')  # set aside: not waiting
-    found = by_name(run_checks(conf(redis_url, tmp_path), workers=lambda: LIVE, database=False))
-    assert found["spool"].status == WARN and "2 placement row(s) wait" in found["spool"].detail
+    found = checks(conf(redis_url, tmp_path))
+    assert found["spool"].status == WARN and "2 placement row(s) and 0 not-sent" in found["spool"].detail
+    # a process's not-sent marks wait for the database too (found by review: "nothing waiting")
+    spool = Spool(tmp_path / "spool")
+    spool.save([], unsent={("c1", "r1"), ("c2", "r2")})
+    found = checks(conf(redis_url, tmp_path))
+    assert "2 placement row(s) and 2 not-sent mark(s)" in found["spool"].detail
+    spool.close()
     (tmp_path / "file").write_text("")
-    found = by_name(run_checks(conf(redis_url, tmp_path, spool_dir=str(tmp_path / "file" / "spool")),
-                               workers=lambda: LIVE, database=False))
-    assert found["spool"].status == FAIL and "not writable" in found["spool"].detail
+    found = checks(conf(redis_url, tmp_path, spool_dir=str(tmp_path / "file" / "spool")))
+    # the executor runs on without a spool (rows in memory only): degraded, not failed
+    assert found["spool"].status == WARN and "not writable" in found["spool"].detail
 
 
 def test_the_airflow_command_prints_json_and_exits_1_on_a_failure(tmp_path: Path) -> None:
@@ -102,3 +119,45 @@ def test_the_airflow_command_prints_json_and_exits_1_on_a_failure(tmp_path: Path
     found: list[dict[str, Any]] = json.loads(proc.stdout[proc.stdout.index("["):])
     status = {f["check"]: f["status"] for f in found}
     assert status["config"] == OK and status["executor"] == OK and status["redis"] == FAIL
+
+
+def test_the_executor_setting_as_airflow_reads_it() -> None:
+    """Found by review: a substring test took a typo'd class, DRLExecutor behind another default and a
+    plain CeleryExecutor aliased DRLExecutor for ok."""
+    celery = "airflow.providers.celery.executors.celery_executor.CeleryExecutor"
+    cases = [
+        ([ExecutorName(DRL, alias="DRLExecutor")], OK, "is the default executor"),
+        ([ExecutorName("airflow_drl_executor.DRLExecuter", alias="DRLExecutor")], FAIL, "DRLExecuter"),
+        ([ExecutorName(celery, alias="CeleryExecutor"), ExecutorName(DRL, alias="DRLExecutor")], WARN,
+         "only tasks that name it"),
+        ([ExecutorName(celery, alias="DRLExecutor")], WARN, "not in use"),
+        ([ExecutorName(DRL, team_name="team_a")], WARN, "names no executor"),
+    ]
+    for names, status, text in cases:
+        found = check_executor(lambda names=names: names)
+        assert found.status == status and text in found.detail, (names, found)
+    assert check_executor(lambda: [ExecutorName(DRL, team_name="team_a")], team="team_a").status == OK
+
+
+def test_pools_that_may_scale_to_zero_are_not_reported_down(redis_url: str, tmp_path: Path) -> None:
+    """Found by review: every pool without a live worker was called marked down, where the executor
+    keeps a pool with min_workers 0 up; with the liveness check off it asked the workers all the same."""
+    cat = str(PACKAGED_CATALOGUES / "gpu-affinity.yaml")
+    found = checks(conf(redis_url, tmp_path, catalogue=cat), workers=lambda: {"w": [{"name": "cpu-small"}]})
+    assert found["workers"].status == OK, found["workers"]
+
+    def never() -> Any:
+        raise AssertionError("no broadcast with the check off")
+
+    found = checks(conf(redis_url, tmp_path, pool_check_interval_s="0"), workers=never)
+    assert found["workers"].status == OK and "no liveness check" in found["workers"].detail
+
+
+def test_secrets_stay_out_of_urls_shown() -> None:
+    """Found by review: a password in the query, or holding an @, was shown."""
+    assert redacted_url("redis://127.0.0.1:1/0?password=hunter2&db=1") == "redis://127.0.0.1:1/0?password=***&db=1"
+    assert redacted_url("redis://:p@ss@host:6379/0") == "redis://:***@host:6379/0"
+    assert redacted_url("unix:///run/redis.sock?password=x") == "unix:///run/redis.sock?password=***"
+    assert redacted_url("rediss://svc:s3cret@h/0") == "rediss://svc:***@h/0"
+    assert redacted_url("redis://s3cret@h/0") == "redis://***@h/0"
+    assert redacted_url("redis://h:6379/0") == "redis://h:6379/0"

@@ -182,3 +182,37 @@ def test_real_workers_answer_and_a_stopped_one_takes_its_pool_down(
     os.killpg(gpu.pid, signal.SIGKILL)  # a crash: nothing said goodbye
     gpu.wait(30)
     assert _until(watch, lambda live: live["gpu"] == 0)["cpu-small"] == 1
+
+
+def test_a_broker_that_never_answers_does_not_hold_the_watch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: a broker that accepts and never answers held the broadcast (kombu's ping) for
+    ever, and the pool watch's only thread with it: no pool was checked again."""
+    import threading
+
+    import airflow_drl_executor.liveness as liveness
+
+    monkeypatch.setattr(liveness, "BROADCAST_GRACE_S", 0.2)
+    release = threading.Event()
+    calls: list[int] = []
+
+    class SilentBroker:
+        def connection_for_write(self) -> object:
+            calls.append(1)
+            release.wait(30)
+            raise ConnectionError("gave up")
+
+    ask = celery_inspector(SilentBroker(), timeout_s=0.1)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="no answer within"):
+        ask()
+    assert time.monotonic() - t0 < 2.0
+    with pytest.raises(TimeoutError, match="has not returned yet"):  # no second thread while one hangs
+        ask()
+    assert len(calls) == 1
+    watch = PoolWatch(ask, ["cpu"], interval_s=0.05)
+    assert watch.check() is None  # learned nothing; the watch goes on
+    release.set()
+    time.sleep(0.1)
+    with pytest.raises(ConnectionError):  # the hung call ended: the next one runs again
+        ask()
+    assert len(calls) == 2
