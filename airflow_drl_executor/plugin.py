@@ -1,4 +1,5 @@
-"""Airflow UI plugin: a "Placements" page listing every placement DRLExecutor made, and why.
+"""Airflow UI plugin: a "Placements" page listing every placement DRLExecutor made, and why,
+under a line saying which policy servers are live and what model each serves.
 
 Mounted under ``/drl`` in the api-server (FastAPI sub-application) and linked from the navigation
 bar as an external view. Plugin apps get no authentication from Airflow, so every route depends on
@@ -57,6 +58,26 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.1f}"
     return html.escape(str(value))
+
+
+def _serving() -> str:
+    """What the policy servers serve now, from their heartbeats in Redis (model version, device,
+    age), read with the executor's ``[drl_executor]`` options; bounded (0.5 s), and a Redis or an
+    option that does not work is said, not raised: the page shows the placements all the same."""
+    from airflow.configuration import conf
+
+    from airflow_drl_executor.check import check_config, check_redis, check_servers
+
+    found, cfg, _ = check_config(conf)
+    if cfg is None:
+        return f"unknown ({found.detail})"
+    reached, r = check_redis(cfg, 0.5)
+    if r is None:
+        return f"unknown (Redis {reached.detail})"
+    try:
+        return check_servers(cfg, r).detail
+    finally:
+        r.close()
 
 
 COLUMNS = ("dag_id", "run_id", "task_id", "map_index", "try_number", "pool", "vm_class", "fallback",
@@ -154,6 +175,7 @@ def create_app() -> FastAPI:
 td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}} tr.fallback{{background:#fff3cd}}
 th{{background:#eef}} form{{margin:0 0 .8em}}</style></head><body>
 <h2>DRLExecutor placements</h2>
+<p id="serving">Policy servers: {html.escape(_serving())}</p>
 {_form(where, limit)}
 <p id="summary">{len(rows)} placements shown, {fallbacks} by the fallback heuristic
 (highlighted){f"; by pool: {pools}" if pools else ""}. Reason = the policy's evidence for its choice.</p>

@@ -37,6 +37,7 @@ def client(monkeypatch: pytest.MonkeyPatch) -> TestClient:
     monkeypatch.setattr(plugin, "get_auth_manager", lambda: OneDagReader())
     monkeypatch.setattr(plugin, "_rows",
                         lambda limit, dag_ids, where: [r for r in ROWS if r["dag_id"] in dag_ids][:limit])
+    monkeypatch.setattr(plugin, "_serving", lambda: "1 live: <i>c0</i>")
     app = plugin.create_app()
     app.dependency_overrides[get_user] = lambda: object()
     return TestClient(app)
@@ -48,6 +49,20 @@ def test_only_the_dags_the_user_may_read_whatever_the_query_names(client: TestCl
     page = client.get(f"/{query}")
     assert page.status_code == 200 and "payroll" not in page.text.split("<table")[1], "the form may echo it"
     assert "&lt;b&gt;ok&lt;/b&gt;" in page.text, "reasons are escaped"
+    assert '<p id="serving">Policy servers: 1 live: &lt;i&gt;c0&lt;/i&gt;</p>' in page.text
+
+
+def test_the_page_says_which_policy_servers_serve_what(redis_url: str, policy_server: Any,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read from the servers' heartbeats with the executor's options; a Redis that does not answer is said."""
+    monkeypatch.setenv("AIRFLOW__DRL_EXECUTOR__REDIS_URL", redis_url)
+    monkeypatch.setenv("AIRFLOW__DRL_EXECUTOR__KEY_PREFIX", "t")
+    policy_server()
+    line = plugin._serving()
+    assert line.startswith("1 live: c0 eft:") and " on cpu (" in line, line
+    monkeypatch.setenv("AIRFLOW__DRL_EXECUTOR__REDIS_URL", "redis://:secret@127.0.0.1:1/0")
+    line = plugin._serving()
+    assert line.startswith("unknown (Redis redis://:***@127.0.0.1:1/0: ConnectionError") and "secret" not in line
 
 
 def test_no_user_no_page() -> None:

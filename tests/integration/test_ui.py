@@ -57,6 +57,9 @@ def test_placements_page_shows_each_placement_and_why(stack: Stack, api: Api, br
     assert " gpu " in f" {train} " and train.endswith(": only usable pool for cpus=4 mem=16GB gpus=1"), train
     # the others name the runner-up pool and what set them apart
     assert any(" over " in r and "p=" in r.split(" over ")[1] and ": " in r.split(" over ")[1] for r in ours), ours
+    # which policy server is live and what it serves: the stack's one replica, the packaged GNN
+    serving = browser.find_element(By.ID, "serving").text
+    assert serving.startswith("Policy servers: 1 live: ") and " drl:" in serving and " on cpu (" in serving, serving
     browser.save_screenshot(str(stack.state / "ui-placements.png"))
 
     # the form narrows the page to this run, and to one pool of it
