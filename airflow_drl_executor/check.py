@@ -122,7 +122,7 @@ def check_redis(cfg: Any, timeout_s: float) -> tuple[Finding, Any]:
 
 
 def check_servers(cfg: Any, r: Any) -> Finding:
-    from policy.transport import Keys, heartbeat_ts
+    from policy.transport import Keys, heartbeat_age
 
     keys = Keys(cfg.key_prefix)
     try:
@@ -140,7 +140,7 @@ def check_servers(cfg: Any, r: Any) -> Finding:
         except (ValueError, TypeError):
             doc = {}
         doc = doc if isinstance(doc, dict) else {}
-        age = now - heartbeat_ts(raw)
+        age = heartbeat_age(raw, now)
         text = f"{name} {doc.get('version', '?')} on {doc.get('device', '?')} ({age:.1f} s ago)"
         (live if age <= cfg.server_stale_after_s else stale).append(text)
     if not live:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -29,7 +30,7 @@ from policy.schema import (
     dumps,
     loads_json,
 )
-from policy.transport import PAYLOAD_FIELD, STREAM_MAXLEN, Keys, heartbeat_ts, tls_options
+from policy.transport import PAYLOAD_FIELD, STREAM_MAXLEN, Keys, heartbeat_age, tls_options
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +140,7 @@ class PlacementClient:
         if not beats:
             return "no policy server has registered a heartbeat"
         wall = sec + usec / 1e6
-        freshest = max((heartbeat_ts(v) for v in beats.values()), default=0.0)
-        age = wall - freshest
+        age = min((heartbeat_age(v, wall) for v in beats.values()), default=math.inf)
         if age > self.stale_after_s:
             return f"no live policy server (freshest heartbeat {age:.0f}s old)"
         return None

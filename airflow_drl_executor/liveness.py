@@ -31,6 +31,9 @@ Replies = Mapping[str, Sequence[Mapping[str, Any]]] | None
 
 #: seconds a broadcast may take past its own reply timeout (connecting, publishing) before it counts as hung
 BROADCAST_GRACE_S = 5.0
+#: a hung broadcast is tried again after this many seconds, leaving at most MAX_HUNG threads hanging
+RETRY_HUNG_S = 300.0
+MAX_HUNG = 3
 
 _R = TypeVar("_R")
 
@@ -71,20 +74,22 @@ def celery_inspector(app: Any, timeout_s: float) -> Callable[[], Replies]:
     a silent Redis: found by review), the pool watch's thread with it, so no pool was checked
     again; now such a call raises TimeoutError after ``timeout_s`` + :data:`BROADCAST_GRACE_S`, and
     while it still hangs the next calls raise at once instead of stacking threads."""
-    hung: list[threading.Thread] = []
+    hung: list[tuple[threading.Thread, float]] = []  # broadcasts that have not returned, and since when
 
     def broadcast() -> Replies:
         with app.connection_for_write() as conn:
             return app.control.inspect(timeout=timeout_s, connection=conn).active_queues()  # type: ignore[no-any-return]
 
     def ask() -> Replies:
-        if hung and hung[0].is_alive():
+        hung[:] = [(t, since) for t, since in hung if t.is_alive()]
+        # one more try after RETRY_HUNG_S (a connection black-holed for good would otherwise end the
+        # checks until a restart), at most MAX_HUNG threads left hanging
+        if hung and (len(hung) >= MAX_HUNG or time.monotonic() - hung[-1][1] < RETRY_HUNG_S):
             raise TimeoutError("the last Celery broadcast has not returned yet (the broker does not answer)")
-        hung.clear()
         try:
             return run_within(broadcast, timeout_s + BROADCAST_GRACE_S, "pool-broadcast")
         except Hung as exc:
-            hung.append(exc.thread)
+            hung.append((exc.thread, time.monotonic()))
             raise
 
     return ask

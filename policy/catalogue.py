@@ -169,13 +169,20 @@ def _number(obj: Mapping[str, Any], key: str, where: str, default: float | None 
     return float(value)
 
 
+#: at most this many workers in a pool and slots on a worker: a pool's slots (their product) then
+#: stay within what the wire takes (``policy.schema.MAX_INT``; found by review: max_workers 1e9 meant
+#: "no limit" loaded here and made the server refuse every request, every placement a fallback)
+MAX_WORKERS = 100_000
+MAX_SLOTS_PER_WORKER = 10_000
+
+
 def _count(obj: Mapping[str, Any], key: str, where: str, default: int | None = None,
-           lo: int = 0) -> int | None:
+           lo: int = 0, hi: int = MAX_WORKERS) -> int | None:
     value = obj.get(key, default)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise CatalogueError(f"{where}.{key}: expected an integer >= {lo}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise CatalogueError(f"{where}.{key}: expected an integer in {lo}..{hi}, got {value!r}")
     return value
 
 
@@ -228,7 +235,7 @@ def parse_catalogue(data: Any, source: str = "<memory>") -> Catalogue:
             name=str(name),
             vm_class=vms[vm_name],
             workers=workers,
-            slots_per_worker=_count(spec, "slots_per_worker", where, 1, lo=1) or 1,
+            slots_per_worker=_count(spec, "slots_per_worker", where, 1, lo=1, hi=MAX_SLOTS_PER_WORKER) or 1,
             min_workers=_count(spec, "min_workers", where),
             max_workers=_count(spec, "max_workers", where),
             boot_delay_s=_number(spec, "boot_delay_s", where, 0.0),

@@ -692,7 +692,7 @@ def loads_json(data: bytes | str, *, max_bytes: int) -> Mapping[str, Any]:
     try:
         # strict UTF-8 first: json.loads(bytes) also takes UTF-16 and UTF-8-encoded surrogates,
         # which no reply key or graph key can be written with (found by review: the batch's replies lost)
-        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        text = data.decode("utf-8-sig") if isinstance(data, bytes) else data  # -sig: a BOM, as json.loads took it
         obj = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise SchemaError(f"payload is not JSON: {exc}") from exc
@@ -700,7 +700,7 @@ def loads_json(data: bytes | str, *, max_bytes: int) -> Mapping[str, Any]:
         raise SchemaError("payload is not JSON: nested too deeply") from None
     if not isinstance(obj, dict):
         raise SchemaError(f"payload: expected a JSON object, got {type(obj).__name__}")
-    if "\\u" in text:
+    if "\\u" in text or (isinstance(data, str) and not data.isascii()):  # a str may hold a raw surrogate
         # JSON may escape half a UTF-16 pair ("\ud800"), which no UTF-8 string holds: a request id or
         # run key with one crashed the replica writing it to Redis, then each that took it over
         # (found by review). Checked only when an escape is there (rare), on the decoded strings.

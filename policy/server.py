@@ -47,6 +47,7 @@ import functools
 import gc
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -78,7 +79,7 @@ from policy.schema import (
     dumps,
     loads_json,
 )
-from policy.transport import PAYLOAD_FIELD, REPLY_TTL_S, Keys, heartbeat_ts, tls_options
+from policy.transport import PAYLOAD_FIELD, REPLY_TTL_S, Keys, heartbeat_age, tls_options
 
 log = logging.getLogger(__name__)
 
@@ -252,6 +253,7 @@ class PolicyServer:
         self.batches = 0
         self.handled = 0
         self._pool_labels: set[str] = set()  # the pool names decision metrics are labelled with
+        self._housekeeping_logged_at = -math.inf
 
     # --- life cycle --------------------------------------------------------------------------
 
@@ -448,31 +450,36 @@ class PolicyServer:
         self._collect_and_freeze(now)
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + self.config.heartbeat_s
-            try:
-                self._housekeeping(r)
-            except redis.RedisError:
-                raise  # serve_forever's: reconnect, or recreate a vanished group
-            except Exception:  # noqa: BLE001 - what others wrote in Redis must not end the replica
-                log.exception("housekeeping failed (heartbeat, pruning, queue depth); serving on")
+            self._housekeeping(r)
 
     def _housekeeping(self, r: redis.Redis) -> None:
-        """Every ``heartbeat_s``: the graph cache's TTL, this replica's heartbeat, pruning the dead
-        replicas', the queue depth gauges."""
-        self.cache.expire()
-        self.metrics.graph_cache_entries.set(len(self.cache))
-        self.metrics.graph_cache_bytes.set(self.cache.bytes)
+        """Every ``heartbeat_s``: this replica's heartbeat first, the graph cache's TTL, then
+        pruning the dead replicas' heartbeats and the queue depth gauges: these read what others
+        wrote in Redis, and what they cannot read is logged (at most once a minute), never the end
+        of the replica (found by review: a heartbeat field or group named in bytes that are not
+        UTF-8, or a heartbeat of "[" x 100,000, raised out of here and every replica went down)."""
         self._sync_clock(r)
         beat = json.dumps({"ts": self.redis_now(), "version": self.version, "device": self.device,
                            "pid": os.getpid(), "handled": self.handled})
         r.hset(self.keys.heartbeat, self.config.consumer, beat)
-        now = time.monotonic()
-        if now >= self._next_prune:
-            self._next_prune = now + self.config.heartbeat_prune_s / 3
-            self._prune_heartbeats(r)
-        for g in r.xinfo_groups(self.keys.requests):
-            if _text(g["name"]) == self.keys.group:
-                self.metrics.pending.set(g.get("pending") or 0)
-                self.metrics.queue_depth.set(g.get("lag") or 0)
+        self.cache.expire()
+        self.metrics.graph_cache_entries.set(len(self.cache))
+        self.metrics.graph_cache_bytes.set(self.cache.bytes)
+        try:
+            now = time.monotonic()
+            if now >= self._next_prune:
+                self._next_prune = now + self.config.heartbeat_prune_s / 3
+                self._prune_heartbeats(r)
+            for g in r.xinfo_groups(self.keys.requests):
+                if _text(g["name"]) == self.keys.group:
+                    self.metrics.pending.set(g.get("pending") or 0)
+                    self.metrics.queue_depth.set(g.get("lag") or 0)
+        except redis.RedisError:
+            raise  # serve_forever's: reconnect, or recreate a vanished group
+        except Exception:  # noqa: BLE001 - what others wrote in Redis must not end the replica
+            if time.monotonic() - self._housekeeping_logged_at >= 60.0:
+                self._housekeeping_logged_at = time.monotonic()
+                log.exception("pruning heartbeats or reading the queue depth failed; serving on")
 
     def _prune_heartbeats(self, r: redis.Redis) -> None:
         """Remove the heartbeats of replicas silent for ``heartbeat_prune_s`` (they crashed: a
@@ -481,7 +488,7 @@ class PolicyServer:
         limit = self.config.heartbeat_prune_s
         now = self.redis_now()
         beats: Any = r.hgetall(self.keys.heartbeat)
-        dead = {k for k, v in beats.items() if now - heartbeat_ts(v) > limit and _text(k) != self.config.consumer}
+        dead = {k for k, v in beats.items() if heartbeat_age(v, now) > limit and _text(k) != self.config.consumer}
         if dead:
             r.hdel(self.keys.heartbeat, *dead)  # the raw names: one that is not UTF-8 goes too
             log.info("removed the heartbeats of %d silent replica(s): %s", len(dead),

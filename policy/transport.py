@@ -18,7 +18,7 @@ import math
 import os
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl
 
 DEFAULT_PREFIX = "drl"
 
@@ -83,27 +83,48 @@ _SECRET_PARAMS = frozenset({"password", "username", "user"})
 
 def redacted_url(url: str) -> str:
     """``url`` without its secrets, for logs and reports: the user and password before the last
-    ``@`` of its authority (a password may hold one), and ``password`` / ``username`` query
-    parameters (found by review: ``unix:///run/redis.sock?password=...`` was printed whole)."""
-    try:
-        parts = urlsplit(url)
-        netloc = parts.netloc
-        if "@" in netloc:
-            userinfo, host = netloc.rsplit("@", 1)
-            # "user:password": the user stays (an ACL user names who, not a secret); anything
-            # else before the "@" may be a password alone, and goes
-            netloc = f"{userinfo.split(':', 1)[0]}:***@{host}" if ":" in userinfo else f"***@{host}"
-        query = "&".join(f"{k}=***" if k.lower() in _SECRET_PARAMS else (f"{k}={v}" if v else k)
-                         for k, v in parse_qsl(parts.query, keep_blank_values=True))
-    except ValueError:
+    ``@`` (a password may hold ``@``, ``/``, ``?`` or ``#``, which a URL parser takes for the end of
+    the authority), and ``password`` / ``username`` query parameters (found by review:
+    ``unix:///run/redis.sock?password=...`` and ``redis://:ab/cd@host`` were shown whole)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
         return "<a Redis URL that does not parse>"
-    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
+    if "@" in rest:
+        userinfo, rest = rest.rsplit("@", 1)
+        # "user:password": the user stays (an ACL user says who, not a secret); anything else
+        # before the "@" may be a password alone, and goes
+        auth = f"{userinfo.split(':', 1)[0]}:***@" if ":" in userinfo else "***@"
+    else:
+        auth = ""
+    where, qmark, query = rest.partition("?")
+    query = query.partition("#")[0]
+    if qmark:
+        try:
+            pairs = parse_qsl(query, keep_blank_values=True)
+        except ValueError:
+            return f"{scheme}://{auth}{where}?***"
+        query = "&".join(f"{k}=***" if k.lower() in _SECRET_PARAMS else (f"{k}={v}" if v else k) for k, v in pairs)
+    return f"{scheme}://{auth}{where}" + (f"?{query}" if query else "")
 
 
 def tls_options(redis_url: str, ca_cert: str | None) -> dict[str, Any]:
     """``redis.Redis.from_url`` keyword arguments for TLS: the CA bundle, when one is given
     for a ``rediss://`` URL (otherwise none: the system's trust store, or no TLS)."""
     return {"ssl_ca_certs": ca_cert} if ca_cert and redis_url.startswith("rediss://") else {}
+
+
+#: a heartbeat more than this many seconds ahead of Redis's clock is not a replica's (each writes
+#: Redis's own time): read as unreadable, never as live for ever (found by review: {"ts": 1e300})
+HEARTBEAT_FUTURE_S = 60.0
+
+
+def heartbeat_age(value: bytes | str, now: float) -> float:
+    """Seconds since the heartbeat ``value`` was written, ``now`` on Redis's clock; ``inf`` for one
+    that does not read or is dated past ``now`` + :data:`HEARTBEAT_FUTURE_S`."""
+    ts = heartbeat_ts(value)
+    if ts <= 0.0 or ts > now + HEARTBEAT_FUTURE_S:
+        return math.inf
+    return now - ts
 
 
 def heartbeat_ts(value: bytes | str) -> float:

@@ -161,3 +161,7 @@ def test_secrets_stay_out_of_urls_shown() -> None:
     assert redacted_url("rediss://svc:s3cret@h/0") == "rediss://svc:***@h/0"
     assert redacted_url("redis://s3cret@h/0") == "redis://***@h/0"
     assert redacted_url("redis://h:6379/0") == "redis://h:6379/0"
+    assert redacted_url("redis://:ab/cd+ef=@host:6379/0") == "redis://:***@host:6379/0"  # a "/" in a password
+    assert redacted_url("redis://:ab#cd@host/0") == "redis://:***@host/0"
+    assert redacted_url("redis://:pw@[::1]:6379/0") == "redis://:***@[::1]:6379/0"
+    assert redacted_url("not a url") == "<a Redis URL that does not parse>"

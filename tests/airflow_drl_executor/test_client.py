@@ -100,6 +100,14 @@ def test_stale_heartbeat_counts_as_dead(redis_url: str) -> None:
         _client(redis_url, stale_after_s=15).place(_request("r1"), {"d/r1": _graph()})
 
 
+def test_a_heartbeat_dated_far_ahead_is_not_a_live_server(redis_url: str) -> None:
+    """Found by review: {"ts": 1e300} read as live for ever (a negative age)."""
+    r = redis.Redis.from_url(redis_url)
+    r.hset(Keys("t").heartbeat, "ghost", '{"ts": 1e300}')
+    with pytest.raises(PlacementUnavailable, match="no live policy server"):
+        _client(redis_url, stale_after_s=15).place(_request("r1"), {"d/r1": _graph()})
+
+
 def test_silent_server_times_out_within_the_deadline(redis_url: str) -> None:
     r = redis.Redis.from_url(redis_url)
     r.hset(Keys("t").heartbeat, "mute", str(time.time()))  # alive on paper, never answers

@@ -211,8 +211,14 @@ def test_a_broker_that_never_answers_does_not_hold_the_watch(monkeypatch: pytest
     assert len(calls) == 1
     watch = PoolWatch(ask, ["cpu"], interval_s=0.05)
     assert watch.check() is None  # learned nothing; the watch goes on
+    # a broadcast hung for good is tried again after RETRY_HUNG_S, leaving at most MAX_HUNG threads
+    monkeypatch.setattr(liveness, "RETRY_HUNG_S", 0.0)
+    for _ in range(5):
+        with pytest.raises(TimeoutError):
+            ask()
+    assert len(calls) == liveness.MAX_HUNG
     release.set()
     time.sleep(0.1)
-    with pytest.raises(ConnectionError):  # the hung call ended: the next one runs again
+    with pytest.raises(ConnectionError):  # the hung calls ended: the next one runs again
         ask()
-    assert len(calls) == 2
+    assert len(calls) == liveness.MAX_HUNG + 1

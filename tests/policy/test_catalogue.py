@@ -38,6 +38,12 @@ def test_gpu_affinity_cluster_is_elastic() -> None:
         ({"vm_classes": {"a": {"cpus": -1, "memory_gb": 1}}, "pools": {"p": {"vm_class": "a"}}}, "vm_classes.a.cpus"),
         ({"vm_classes": {"a": {"cpus": 1, "memory_gb": 1}},
           "pools": {"p": {"vm_class": "a", "workers": 5, "max_workers": 2}}}, "min_workers <= workers"),
+        # found by review: "no limit" written as 1e9 loaded, and its slots (max_workers x slots_per_worker)
+        # were past what the wire takes: the server refused every request
+        ({"vm_classes": {"a": {"cpus": 1, "memory_gb": 1}},
+          "pools": {"p": {"vm_class": "a", "workers": 1, "max_workers": 10**9}}}, r"max_workers: expected an integer in 0..100000"),
+        ({"vm_classes": {"a": {"cpus": 1, "memory_gb": 1}},
+          "pools": {"p": {"vm_class": "a", "slots_per_worker": 10**6}}}, r"slots_per_worker: expected an integer in 1..10000"),
     ],
 )
 def test_bad_catalogues_name_the_field(doc: dict, message: str) -> None:

@@ -101,6 +101,13 @@ def test_loads_json_refuses_oversized_and_non_objects() -> None:
         loads_json(b"{nope", max_bytes=100)
     with pytest.raises(SchemaError, match="JSON object"):
         loads_json(b"[1]", max_bytes=100)
+    # strict UTF-8, a BOM taken as json.loads(bytes) took it; a str holding a raw lone surrogate refused
+    assert loads_json(b'\xef\xbb\xbf{"a": 1}', max_bytes=100) == {"a": 1}
+    with pytest.raises(SchemaError, match="not JSON"):
+        loads_json(b'{"a": "\xed\xa0\x80"}', max_bytes=100)
+    with pytest.raises(SchemaError, match="surrogate"):
+        loads_json('{"a": "\ud800"}', max_bytes=100)
+    assert loads_json('{"a": "\u00e9t\u00e9"}', max_bytes=100) == {"a": "été"}
 
 
 def test_pool_constraints_and_affinity() -> None:

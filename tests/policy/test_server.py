@@ -238,6 +238,7 @@ def test_what_others_wrote_in_redis_does_not_end_a_replica(start_server, rclient
     of "[" x 100,000 or {"ts": <400 digits>}, raised out of the housekeeping: every replica down, at every restart."""
     rclient.hset(KEYS.heartbeat, b"\xffdead", "[" * 100_000)
     rclient.hset(KEYS.heartbeat, "huge", '{"ts": ' + "9" * 400 + "}")
+    rclient.hset(KEYS.heartbeat, "ahead", '{"ts": 1e300}')  # finite, far ahead: was never pruned
     rs = start_server(heartbeat_prune_s=0.7)
     rclient.xgroup_create(KEYS.requests, b"mon\xff", id="$")
     time.sleep(1.5)  # several heartbeats and a prune
@@ -258,3 +259,21 @@ def test_pool_names_label_the_decision_metrics_within_a_bound(start_server, rcli
         assert reply is not None and reply.ok
     labels = {s.labels["pool"] for m in rs.server.metrics.decisions.collect() for s in m.samples}
     assert labels == {"other"}
+
+
+def test_a_housekeeping_failure_keeps_the_heartbeat_and_is_logged_once(start_server, rclient: redis.Redis,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """Found by review: the heartbeat was written after the part that may fail, so a persistent failure there left
+    a live replica without a heartbeat (every client fell back), logging a traceback at every heartbeat."""
+    rs = start_server()
+
+    def broken(r: redis.Redis) -> None:
+        raise ValueError("a heartbeat nobody can read")
+
+    rs.server._next_prune = 0.0
+    rs.server._prune_heartbeats = broken
+    rs.server.config = replace(rs.server.config, heartbeat_prune_s=0.7)
+    rclient.hdel(KEYS.heartbeat, "replica-a")
+    time.sleep(1.2)  # six heartbeats, several prunes
+    assert rclient.hexists(KEYS.heartbeat, "replica-a") and rs.thread.is_alive()
+    assert sum("pruning heartbeats" in r.getMessage() for r in caplog.records) == 1
