@@ -25,7 +25,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -44,7 +44,7 @@ from airflow_drl_executor.graph_builder import (
 from policy.catalogue import Catalogue, VMClass
 from policy.errors import PolicyError
 from policy.replay import ReplayRun
-from policy.schema import RunGraph, TaskNode
+from policy.schema import MAX_TASKS_PER_RUN, RunGraph, TaskNode
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -93,6 +93,17 @@ def export_runs(session: Session, catalogue: Catalogue, *, since: dt.datetime, u
     for r in every:
         r["logged_start"] = logged.get(try_of(r))
     vms = {p.name: p.vm_class for p in catalogue.pools}
+    foreign = Counter(str(r["pool"]) for r in every if r["pool"] not in vms)
+    if foreign:
+        # found by review: with another catalogue than the scheduler's (a worker without [drl_executor]
+        # catalogue reads the packaged demo one) every observed duration was dropped without a word
+        n = sum(foreign.values())
+        where = f"{n} of {len(every)} placements were on pools not in the catalogue {catalogue.source}"
+        if n == len(every):
+            raise PolicyError(f"export: {where} ({', '.join(sorted(foreign))}): this worker reads another "
+                              "catalogue than the scheduler's; set [drl_executor] catalogue here as there")
+        log.warning("export: %s (%s): their durations are not observed", where,
+                    ", ".join(f"{p} {n}" for p, n in foreign.most_common(10)))
     builder = GraphBuilder(pool_names=catalogue.names, default_queue="default", default_duration_s=60.0,
                            history_ttl_s=0, vm_classes=vms)
     graphs: list[tuple[dt.datetime, RunGraph]] = []
@@ -101,6 +112,10 @@ def export_runs(session: Session, catalogue: Catalogue, *, since: dt.datetime, u
             graph = _graph(f"{dag_id}/{run_id}", rows, builder, vms, session)
         except PolicyError as exc:
             log.warning("export: skipping %s/%s: %s", dag_id, run_id, exc)
+            continue
+        if len(graph.tasks) > MAX_TASKS_PER_RUN:  # found by review: such a run made the whole file unreadable
+            log.warning("export: skipping %s/%s: %d tasks, more than a replay run may hold (%d)", dag_id, run_id,
+                        len(graph.tasks), MAX_TASKS_PER_RUN)
             continue
         graphs.append((min(r["decided_at"] for r in rows), graph))
     if not graphs:

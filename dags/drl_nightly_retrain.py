@@ -105,7 +105,8 @@ def prune_replays(folder: str, before: dt.datetime) -> list[str]:
     is_paused_upon_creation=True,  # an operator turns retraining on deliberately
     tags=["drl", "drl-exclude"],
     # extra_args: more drl-trainer finetune flags (e.g. a small evaluation for a smoke test)
-    params={"hours": Param(24, type="number", exclusiveMinimum=0),
+    # hours: at most 31 days (the export holds the window's placements in memory, ~1.5 KB each)
+    params={"hours": Param(24, type="number", exclusiveMinimum=0, maximum=744),
             "minutes": Param(10, type="number", exclusiveMinimum=0),
             "min_improvement": Param(0.01, type="number"), "seed": Param(1, type="integer"),
             "extra_args": Param("", type="string"), "keep_days": Param(90, type="number", minimum=0)},
@@ -136,7 +137,9 @@ def drl_nightly_retrain() -> None:
         path = os.path.join(folder, f"replay-{until:%Y%m%dT%H%M%S}.jsonl")
         n = write_replay(path, runs)
         print(f"exported {n} DAG runs ({since} .. {until}) to {path}")
-        return {"replay": path, "pools": pools}
+        # the file's name: finetune finds it in its own traces_dir(), where the registry is mounted
+        # on its worker (found by review: an absolute path from this worker's mount was not there)
+        return {"replay": os.path.basename(path), "pools": pools}
 
     @task(executor_config={"drl": {"duration_s": 600, "cpus": 4, "memory_gb": 8, "kind": "gpu_train"}})
     def finetune(exported: dict[str, str]) -> None:
@@ -144,6 +147,11 @@ def drl_nightly_retrain() -> None:
         if not registry:
             raise RuntimeError("DRL_REGISTRY_DIR is not set on this worker: set it to the model registry the "
                                "policy servers watch")
+        replay = exported["replay"]
+        pools = exported["pools"]
+        exported = {"replay": replay if os.path.isabs(replay) else os.path.join(traces_dir(), replay),
+                    # this worker's own catalogue setting when the exporting worker's path is not here
+                    "pools": pools if os.path.exists(pools) else catalogue_path()}
         argv = finetune_argv(exported, get_current_context()["params"], registry)
         print("running:", shlex.join(argv), flush=True)
         subprocess.run(argv, check=True)  # its output goes to the task's log

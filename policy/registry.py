@@ -185,6 +185,20 @@ def activation_lock(root: str | Path) -> Iterator[None]:
 
 #: the registry's own files (manifest, last good, the activation lock): the group reads and writes
 REGISTRY_FILE_MODE = 0o664
+#: folders written into the registry (candidates, the packaged copy): the group's, setgid
+REGISTRY_DIR_MODE = 0o2775
+
+
+def share_tree(path: str | Path, *, recursive: bool = True) -> None:
+    """Make ``path`` (a folder written into the registry) and everything under it the group's:
+    folders 2775, files 664, whatever the umask of the process that wrote them (found by review: a
+    Celery worker started with ``-D`` runs under ``[core] daemon_umask`` 077, so a promoted
+    candidate was 0700 / 0600 and every policy server of another user refused it, for ever)."""
+    root = Path(path)
+    for p in [root, *(root.rglob("*") if recursive else ())]:
+        if p.is_symlink() or p.stat().st_uid != os.getuid():
+            continue  # not ours to change (and chmod would fail)
+        os.chmod(p, REGISTRY_DIR_MODE if p.is_dir() else REGISTRY_FILE_MODE)
 
 
 def _write_json(root: Path, name: str, doc: dict[str, str]) -> Path:

@@ -53,7 +53,14 @@ from policy.checkpoint import load_checkpoint, save_checkpoint, save_ensemble
 from policy.errors import CheckpointError
 from policy.gnn import cp_gate_of, cp_gate_scope_of, premium_ratio_of, reserve_busy_of
 from policy.inputs import untrained_since
-from policy.registry import ModelRegistry, ServingCheckpoint, activate, activation_lock, checkpoint_sha256
+from policy.registry import (
+    ModelRegistry,
+    ServingCheckpoint,
+    activate,
+    activation_lock,
+    checkpoint_sha256,
+    share_tree,
+)
 from trainer.train import (
     METRIC,
     Args,
@@ -186,7 +193,10 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
         "scores": scores, "heldout_gain": gain, "guard_regressions": regressions,
     })
     worst = max(regressions.values(), default=0.0)
-    if gain >= a.min_improvement and worst <= a.max_regression:
+    # every score must be a number: max() skipped a NaN guard unless it came first, and a NaN
+    # held-out gain is no gain (found by review)
+    finite = all(math.isfinite(v) for side in scores.values() for v in side.values())
+    if finite and gain >= a.min_improvement and all(r <= a.max_regression for r in regressions.values()):
         training_manifest = {"finetune": dataclasses.asdict(a), "from": incumbent.version,
                              "teacher": training.teacher, "log": logs[-1:] or [],
                              "reserve_busy": args.reserve_busy, "premium_ratio": args.premium_ratio,
@@ -201,6 +211,8 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
                        for i, (m, record) in enumerate(zip(candidates, records, strict=True))]
             save_ensemble(members, model_dir, name=str(incumbent.manifest.get("name") or "ensemble"),
                           evaluation={"finetune": scores})
+        share_tree(out.parent, recursive=False)  # the servers read it as another user of the registry's group,
+        share_tree(out)  # whatever the umask the worker wrote it with (report.json: by _finish)
         sha256 = checkpoint_sha256(model_dir)
         with activation_lock(registry):
             now: ServingCheckpoint | None
@@ -221,6 +233,9 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
                                       f"{changed}, not the incumbent {serving.path} ({serving.sha256[:12]}) "
                                       f"this candidate was compared against (held-out {metric} {gain:+.1%}, "
                                       f"worst guard {worst:+.1%})")
+    elif not finite:
+        report["decision"] = (f"kept the incumbent: a score is not a number (held-out {metric} {gain:+.1%}, "
+                              f"guards {regressions})")
     else:
         report["decision"] = (f"kept the incumbent: held-out {metric} {gain:+.1%} (need >= "
                               f"{a.min_improvement:+.1%}), worst guard {worst:+.1%} (allowed {a.max_regression:+.1%})")
@@ -254,6 +269,8 @@ def _finish(report: dict[str, Any], out: Path, t0: float) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     text = json.dumps(_strict_json(report), indent=2, default=str, allow_nan=False)
     (out / "report.json").write_text(text + "\n")
+    share_tree(out.parent, recursive=False)  # the group's, whatever the worker's umask (see share_tree)
+    share_tree(out)
     log.info("%s", report["decision"])
     return report
 

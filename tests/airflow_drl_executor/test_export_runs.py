@@ -170,3 +170,33 @@ def test_a_deferrable_tasks_duration_is_its_time_on_a_worker(session: Session) -
     nodes, _ = _export(session)
     assert nodes["extract"].duration_s == pytest.approx(8.0)
     assert nodes["train"].duration_s == 60.0, "no time on a worker recorded: as never observed"
+
+
+def test_placements_on_pools_the_catalogue_lacks_are_said(session: Session, caplog: pytest.LogCaptureFixture) -> None:
+    """Found by review: a worker reading another catalogue than the scheduler's (none set: the packaged demo
+    one) dropped every observed duration without a word."""
+    from policy.errors import PolicyError
+
+    _ran(session, "extract", "cpu-small", 10.0)
+    _ran(session, "train", "prod-gpu-a100", 5000.0)
+    nodes, _ = _export(session)
+    assert nodes["extract"].duration_s == pytest.approx(10.0) and nodes["train"].duration_s == 60.0
+    assert "1 of 2 placements were on pools not in the catalogue" in caplog.text and "prod-gpu-a100 1" in caplog.text
+    session.execute(text("DELETE FROM drl_placement WHERE pool = 'cpu-small'"))
+    with pytest.raises(PolicyError, match="this worker reads another catalogue than the scheduler's"):
+        _export(session)
+
+
+def test_a_run_too_large_for_a_replay_is_skipped_not_the_night(session: Session,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: a run of more nodes than a replay run may hold was written, and made the whole
+    file unreadable: every nightly fine-tune failed."""
+    import airflow_drl_executor.export as export
+
+    monkeypatch.setattr(export, "MAX_TASKS_PER_RUN", 6)  # the test run has 7 nodes (4 mapped instances)
+    _ran(session, "extract", "cpu-small", 10.0)
+    for i in range(4):
+        _ran(session, "mapped", "cpu-small", 12.0, map_index=i)
+    _ran(session, "extract", "cpu-small", 10.0, run_id="r2")
+    runs = export_runs(session, CATALOGUE, since=T0 - dt.timedelta(hours=1), until=T0 + dt.timedelta(hours=1))
+    assert [r.graph.run_key for r in runs] == ["etl/r2"]

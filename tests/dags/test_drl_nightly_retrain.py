@@ -80,8 +80,14 @@ def test_finetune_runs_on_what_export_traces_wrote(module: types.ModuleType, cat
                         lambda session, catalogue, **kw: exported.append(catalogue) or [])
     dag = module.drl_nightly_retrain()
     xcom = dag.get_task("export_traces").python_callable()
-    assert xcom == {"replay": str(registry / "traces" / "replay-20261204T020000.jsonl"), "pools": str(catalogue)}
-    assert Path(xcom["replay"]).exists() and exported[0].source == str(catalogue)
+    assert xcom == {"replay": "replay-20261204T020000.jsonl", "pools": str(catalogue)}
+    assert (registry / "traces" / xcom["replay"]).exists() and exported[0].source == str(catalogue)
+    # the fine-tune's worker mounts the registry elsewhere: the file is found under its own mount
+    # (found by review: the exporting worker's absolute path was passed)
+    mounted = tmp_path / "mounted elsewhere"
+    shutil.copytree(registry, mounted)
+    monkeypatch.setenv("DRL_REGISTRY_DIR", str(mounted))
+    registry = mounted
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -93,7 +99,8 @@ def test_finetune_runs_on_what_export_traces_wrote(module: types.ModuleType, cat
     monkeypatch.setattr(module, "get_current_context", lambda: {"params": params})
     dag.get_task("finetune").python_callable(xcom)
     assert (tmp_path / "argv").read_text().splitlines() == [
-        "finetune", "--replay", xcom["replay"], "--registry", str(registry), "--pools", str(catalogue),
+        "finetune", "--replay", str(mounted / "traces" / xcom["replay"]), "--registry", str(registry),
+        "--pools", str(catalogue),
         "--minutes", "10", "--min-improvement", "0.01", "--seed", "1", "--guard", ""]
 
 

@@ -35,6 +35,18 @@ def test_the_command_line_prints_no_traceback() -> None:
     assert proc.stderr.startswith("drl-trainer: error: /nope.yaml: cannot read the pool catalogue")
 
 
+def test_a_malformed_replay_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    """Found by review: a replay file the nightly export wrote badly printed a traceback."""
+    bad = tmp_path / "replay.jsonl"
+    bad.write_text('{"arrival_s": 0, "graph": {"run_key": "x"}}\n')
+    from policy.registry import DEFAULT_CHECKPOINT, activate
+
+    activate(tmp_path / "reg", DEFAULT_CHECKPOINT)
+    assert main(["finetune", "--replay", str(bad), "--registry", str(tmp_path / "reg")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"drl-trainer: error: {bad}:1") and err.count("\n") == 1, err
+
+
 def test_every_explain_flag_has_help() -> None:
     from trainer.explain import add_arguments
 

@@ -309,3 +309,33 @@ def test_a_refused_value_ends_the_command_with_its_message() -> None:
         module.add_arguments(parser)
         with pytest.raises(SystemExit, match=re.escape("error: " + said)):
             module.run(parser.parse_args(flags))
+
+
+def test_a_score_that_is_not_a_number_never_promotes(tmp_path: Path, registry: Path,
+                                                     scored) -> None:  # type: ignore[no-untyped-def]
+    """Found by review: max() over the guard regressions skipped a NaN unless it came first."""
+    nan = float("nan")
+    scored({"traces-heldout": 10.0, "montecarlo": 1.0, "etl": 1.0},
+           {"traces-heldout": 5.0, "montecarlo": 1.0, "etl": nan})
+    report = finetune(_args(tmp_path, registry, guard="montecarlo;etl"))
+    assert not report["promoted"] and "not a number" in report["decision"]
+
+
+def test_a_promoted_candidate_is_the_groups_whatever_the_workers_umask(tmp_path: Path, registry: Path,
+                                                                      scored) -> None:  # type: ignore[no-untyped-def]
+    """Found by review: a worker started with -D runs under [core] daemon_umask 077; the candidate was
+    0700 / 0600 and every policy server of another user of the group refused it, for ever."""
+    import os
+    import stat
+
+    scored({"traces-heldout": 10.0}, {"traces-heldout": 5.0})
+    old = os.umask(0o077)
+    try:
+        report = finetune(_args(tmp_path, registry))
+    finally:
+        os.umask(old)
+    assert report["promoted"]
+    out = Path(report["checkpoint"]).parent
+    for p in [out.parent, out, *out.rglob("*")]:
+        mode = stat.S_IMODE(p.stat().st_mode)
+        assert mode == (0o2775 if p.is_dir() else 0o664), (p, oct(mode))
