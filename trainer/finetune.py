@@ -187,7 +187,11 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
     inc, cand = scores["incumbent"], scores["candidate"]
     gain = 0.0 - _change(inc[heldout.name], cand[heldout.name])  # 0.0 - x: no change is +0.0, not -0.0
     regressions = {g.name: _change(inc[g.name], cand[g.name]) for g in guards}
+    # iterations each member trained: fewer than --iters means --minutes ended it, and then two runs on
+    # the same traces and seed may differ (found by review: the report did not say)
+    iterations = [sum(1 for entry in logs if entry["member"] == i) for i in range(len(candidates))]
     report.update({
+        "iterations": iterations, "time_limit_ended_training": any(n < a.iters for n in iterations),
         "teacher": training.teacher, "training_runs": len(training.templates), "heldout_runs": len(heldout.templates),
         "members": len(candidates), "imitation_steps": steps, "train_s": round(train_s, 1), "objective": metric,
         "scores": scores, "heldout_gain": gain, "guard_regressions": regressions,

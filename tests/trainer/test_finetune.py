@@ -62,6 +62,8 @@ def test_a_candidate_that_clears_the_gate_is_promoted(tmp_path: Path, registry: 
     assert loaded.manifest["training"]["from"] == report["incumbent"]["version"]
     assert served.version == f"drl:{loaded.version}"
     assert set(report["scores"]) == {"incumbent", "candidate"}
+    # each member's iterations, and whether --minutes (not --iters) ended training
+    assert report["iterations"] == [1] * report["members"] and report["time_limit_ended_training"] is False
 
 
 @pytest.mark.parametrize(("reserve_busy", "premium"), [(0, 0.0), (1, 0.0), (1, 3.0)])
