@@ -22,8 +22,10 @@ replay file goes to :func:`traces_dir` in that folder; the pool catalogue is the
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import shlex
+import shutil
 import subprocess
 from collections.abc import Mapping
 from typing import Any
@@ -93,6 +95,36 @@ def prune_replays(folder: str, before: dt.datetime) -> list[str]:
             if name.startswith("replay-") and name.endswith(".jsonl") and os.path.getmtime(path) < before.timestamp():
                 os.remove(path)
                 gone.append(name)
+    return gone
+
+
+def prune_candidates(registry: str, before: dt.datetime) -> list[str]:
+    """Delete the candidate folders in ``<registry>/candidates`` last written before ``before``,
+    except the ones the registry serves or may fall back to (named by ``active.json`` or
+    ``last_good.json``); their names. A rollback to a pruned candidate is refused with its reason."""
+    from policy.registry import LAST_GOOD, MANIFEST
+
+    root = os.path.join(registry, "candidates")
+    if not os.path.isdir(root):
+        return []
+    keep = set()
+    for name in (MANIFEST, LAST_GOOD):
+        try:
+            with open(os.path.join(registry, name)) as fh:
+                named = str(json.load(fh).get("checkpoint", ""))
+        except (OSError, ValueError, AttributeError):
+            continue
+        path = named if os.path.isabs(named) else os.path.join(registry, named)
+        keep.add(os.path.realpath(path))
+    gone = []
+    for name in sorted(os.listdir(root)):
+        folder = os.path.join(root, name)
+        real = os.path.realpath(folder)
+        if any(k == real or k.startswith(real + os.sep) for k in keep):
+            continue
+        if os.path.isdir(folder) and not os.path.islink(folder) and os.path.getmtime(folder) < before.timestamp():
+            shutil.rmtree(folder, ignore_errors=True)
+            gone.append(name)
     return gone
 
 
@@ -170,7 +202,10 @@ def drl_nightly_retrain() -> None:
         finally:
             engine.dispose()
         gone = prune_replays(traces_dir(), before)
-        print(f"pruned {deleted} placements and {len(gone)} replay files decided before {before:%Y-%m-%d %H:%M}")
+        registry = os.environ.get("DRL_REGISTRY_DIR")
+        candidates = prune_candidates(registry, before) if registry else []
+        print(f"pruned {deleted} placements, {len(gone)} replay files and {len(candidates)} candidates (not the "
+              f"active or last good one) from before {before:%Y-%m-%d %H:%M}")
 
     exported = export_traces()
     finetune(exported)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.util
+import json
 import os
 import shutil
 import types
@@ -161,3 +162,21 @@ def test_prune_traces_keeps_keep_days_of_placements_and_replays(module: types.Mo
         assert conn.execute(select(func.count()).select_from(traces.placements)).scalar() == 2
     assert sorted(p.name for p in folder.iterdir()) == ["notes.txt", "replay-new.jsonl"]
     engine.dispose()
+
+
+def test_old_candidates_are_pruned_but_not_the_served_ones(module: types.ModuleType, tmp_path: Path) -> None:
+    """Found by review: every night left a candidate folder in the registry, for ever."""
+    from policy.registry import LAST_GOOD, activate
+
+    registry = tmp_path / "registry"
+    now = dt.datetime.now(dt.UTC)
+    for name, age_days in (("old", 40), ("old-active", 40), ("old-last-good", 50), ("new", 1)):
+        (registry / "candidates" / name / "checkpoint").mkdir(parents=True)
+        stamp = (now - dt.timedelta(days=age_days)).timestamp()
+        os.utime(registry / "candidates" / name, (stamp, stamp))
+    activate(registry, "candidates/old-active/checkpoint")
+    (registry / LAST_GOOD).write_text(json.dumps({"checkpoint": str(registry / "candidates/old-last-good/checkpoint")}))
+    gone = module.prune_candidates(str(registry), now - dt.timedelta(days=30))
+    assert gone == ["old"]
+    assert sorted(p.name for p in (registry / "candidates").iterdir()) == ["new", "old-active", "old-last-good"]
+    assert module.prune_candidates(str(tmp_path / "none"), now) == []
