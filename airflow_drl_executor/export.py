@@ -44,7 +44,7 @@ from airflow_drl_executor.graph_builder import (
 from policy.catalogue import Catalogue, VMClass
 from policy.errors import PolicyError
 from policy.replay import ReplayRun
-from policy.schema import MAX_TASKS_PER_RUN, RunGraph, TaskNode
+from policy.schema import MAX_EDGES_PER_RUN, MAX_TASKS_PER_RUN, RunGraph, TaskNode
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -101,7 +101,8 @@ def export_runs(session: Session, catalogue: Catalogue, *, since: dt.datetime, u
         where = f"{n} of {len(every)} placements were on pools not in the catalogue {catalogue.source}"
         if n == len(every):
             raise PolicyError(f"export: {where} ({', '.join(sorted(foreign))}): this worker reads another "
-                              "catalogue than the scheduler's; set [drl_executor] catalogue here as there")
+                              "catalogue than the scheduler's (set [drl_executor] catalogue here as there), or the "
+                              "catalogue's pools were renamed since")
         log.warning("export: %s (%s): their durations are not observed", where,
                     ", ".join(f"{p} {n}" for p, n in foreign.most_common(10)))
     builder = GraphBuilder(pool_names=catalogue.names, default_queue="default", default_duration_s=60.0,
@@ -113,9 +114,10 @@ def export_runs(session: Session, catalogue: Catalogue, *, since: dt.datetime, u
         except PolicyError as exc:
             log.warning("export: skipping %s/%s: %s", dag_id, run_id, exc)
             continue
-        if len(graph.tasks) > MAX_TASKS_PER_RUN:  # found by review: such a run made the whole file unreadable
-            log.warning("export: skipping %s/%s: %d tasks, more than a replay run may hold (%d)", dag_id, run_id,
-                        len(graph.tasks), MAX_TASKS_PER_RUN)
+        if len(graph.tasks) > MAX_TASKS_PER_RUN or len(graph.edges) > MAX_EDGES_PER_RUN:
+            # found by review: such a run was written, and made the whole file unreadable
+            log.warning("export: skipping %s/%s: %d tasks, %d edges, more than a replay run may hold (%d, %d)",
+                        dag_id, run_id, len(graph.tasks), len(graph.edges), MAX_TASKS_PER_RUN, MAX_EDGES_PER_RUN)
             continue
         graphs.append((min(r["decided_at"] for r in rows), graph))
     if not graphs:

@@ -98,6 +98,25 @@ def prune_replays(folder: str, before: dt.datetime) -> list[str]:
     return gone
 
 
+def _here(exported: Mapping[str, str]) -> dict[str, str]:
+    """``export_traces``' XCom as files on this worker: the replay at the exporting worker's path,
+    else by its name in this worker's ``traces_dir()`` (the registry mounted elsewhere); the
+    catalogue must be at the same path (another one would train for pools the export did not
+    use). A missing file is an error naming where it was looked for."""
+    replay, name, pools = exported["replay"], exported.get("name", ""), exported["pools"]
+    if not os.path.exists(replay) and name:
+        mine = os.path.join(traces_dir(), name)
+        if not os.path.exists(mine):
+            raise FileNotFoundError(f"the exported replay is neither at {replay} (the exporting worker's path) nor "
+                                    f"at {mine} (this worker's traces folder): share DRL_REGISTRY_DIR or "
+                                    "DRL_TRACES_DIR between the workers")
+        replay = mine
+    if not os.path.exists(pools):
+        raise FileNotFoundError(f"the pool catalogue the export used, {pools}, is not on this worker: give every "
+                                "worker the same [drl_executor] catalogue")
+    return {"replay": replay, "pools": pools}
+
+
 def prune_candidates(registry: str, before: dt.datetime) -> list[str]:
     """Delete the candidate folders in ``<registry>/candidates`` last written before ``before``,
     except the ones the registry serves or may fall back to (named by ``active.json`` or
@@ -168,10 +187,14 @@ def drl_nightly_retrain() -> None:
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"replay-{until:%Y%m%dT%H%M%S}.jsonl")
         n = write_replay(path, runs)
+        from policy.registry import share_tree
+
+        share_tree(folder, recursive=False)  # the group's (a fine-tune or prune of another user reads them)
+        share_tree(path)
         print(f"exported {n} DAG runs ({since} .. {until}) to {path}")
-        # the file's name: finetune finds it in its own traces_dir(), where the registry is mounted
-        # on its worker (found by review: an absolute path from this worker's mount was not there)
-        return {"replay": os.path.basename(path), "pools": pools}
+        # its path here and its name: finetune reads the path, or the name in its own traces_dir()
+        # where its worker mounts the registry elsewhere (found by review)
+        return {"replay": os.path.abspath(path), "name": os.path.basename(path), "pools": pools}
 
     @task(executor_config={"drl": {"duration_s": 600, "cpus": 4, "memory_gb": 8, "kind": "gpu_train"}})
     def finetune(exported: dict[str, str]) -> None:
@@ -179,15 +202,11 @@ def drl_nightly_retrain() -> None:
         if not registry:
             raise RuntimeError("DRL_REGISTRY_DIR is not set on this worker: set it to the model registry the "
                                "policy servers watch")
-        replay = exported["replay"]
-        pools = exported["pools"]
-        exported = {"replay": replay if os.path.isabs(replay) else os.path.join(traces_dir(), replay),
-                    # this worker's own catalogue setting when the exporting worker's path is not here
-                    "pools": pools if os.path.exists(pools) else catalogue_path()}
-        argv = finetune_argv(exported, get_current_context()["params"], registry)
+        argv = finetune_argv(_here(exported), get_current_context()["params"], registry)
         print("running:", shlex.join(argv), flush=True)
         subprocess.run(argv, check=True)  # its output goes to the task's log
-    @task(executor_config={"drl": {"duration_s": 30, "cpus": 1, "memory_gb": 2}})
+    # all_done: a failed export (a catalogue that does not match) must not stop the pruning
+    @task(executor_config={"drl": {"duration_s": 30, "cpus": 1, "memory_gb": 2}}, trigger_rule="all_done")
     def prune_traces() -> None:
         from airflow_drl_executor import traces
 

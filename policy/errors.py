@@ -11,6 +11,10 @@ class SchemaError(PolicyError, ValueError):
     """A message or file does not match the wire schema; the message names the field."""
 
 
+class ReplayError(SchemaError):
+    """A replay file (recorded DAG runs) is malformed; the message names the file and the line."""
+
+
 class CatalogueError(PolicyError, ValueError):
     """A pool catalogue file is malformed; the message names the file and the field."""
 

@@ -196,9 +196,13 @@ def share_tree(path: str | Path, *, recursive: bool = True) -> None:
     candidate was 0700 / 0600 and every policy server of another user refused it, for ever)."""
     root = Path(path)
     for p in [root, *(root.rglob("*") if recursive else ())]:
-        if p.is_symlink() or p.stat().st_uid != os.getuid():
-            continue  # not ours to change (and chmod would fail)
-        os.chmod(p, REGISTRY_DIR_MODE if p.is_dir() else REGISTRY_FILE_MODE)
+        try:
+            if p.is_symlink() or p.stat().st_uid != os.getuid():
+                continue  # not ours to change (and chmod would fail)
+            os.chmod(p, REGISTRY_DIR_MODE if p.is_dir() else REGISTRY_FILE_MODE)
+        except OSError as exc:  # a file system without modes (vfat, some FUSE/SMB mounts): as it is
+            log.warning("registry: cannot make %s the group's (%s); left as it is", p, exc)
+            return
 
 
 def _write_json(root: Path, name: str, doc: dict[str, str]) -> Path:

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from policy.errors import SchemaError
+from policy.errors import ReplayError, SchemaError
 from policy.schema import RunGraph
 
 
@@ -51,13 +51,16 @@ def read_replay(path: str | Path) -> list[ReplayRun]:
             try:
                 obj = json.loads(line)
             except ValueError as exc:
-                raise SchemaError(f"{where}: not JSON: {exc}") from exc
+                raise ReplayError(f"{where}: not JSON: {exc}") from exc
             if not isinstance(obj, dict) or not isinstance(obj.get("graph"), dict):
-                raise SchemaError(f"{where}: expected {{arrival_s, graph}}")
+                raise ReplayError(f"{where}: expected {{arrival_s, graph}}")
             arrival = obj.get("arrival_s", 0.0)
             if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or arrival < 0:
-                raise SchemaError(f"{where}.arrival_s: expected a number >= 0, got {arrival!r}")
-            out.append(ReplayRun(RunGraph.from_json(obj["graph"], where), float(arrival),
-                                 str(obj.get("source", ""))))
+                raise ReplayError(f"{where}.arrival_s: expected a number >= 0, got {arrival!r}")
+            try:
+                graph = RunGraph.from_json(obj["graph"], where)
+            except SchemaError as exc:
+                raise ReplayError(str(exc)) from exc
+            out.append(ReplayRun(graph, float(arrival), str(obj.get("source", ""))))
     out.sort(key=lambda r: r.arrival_s)
     return out

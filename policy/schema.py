@@ -26,6 +26,7 @@ SCHEMA_VERSION = 1
 
 #: Limits a server enforces on decoded requests (a request is also capped in bytes by the server).
 MAX_TASKS_PER_RUN = 50_000
+MAX_EDGES_PER_RUN = MAX_TASKS_PER_RUN * 64
 MAX_READY_PER_REQUEST = 4_096
 MAX_POOLS = 256
 MAX_RUNS_PER_REQUEST = 1_024
@@ -264,7 +265,7 @@ class RunGraph:
             for i, t in enumerate(_list(obj, "tasks", where, limit=MAX_TASKS_PER_RUN))
         )
         edges: list[tuple[int, int]] = []
-        for i, e in enumerate(_list(obj, "edges", where, limit=MAX_TASKS_PER_RUN * 64)):
+        for i, e in enumerate(_list(obj, "edges", where, limit=MAX_EDGES_PER_RUN)):
             if type(e) is list and len(e) == 2 and type(e[0]) is int and type(e[1]) is int:
                 edges.append((e[0], e[1]))
                 continue

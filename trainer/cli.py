@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from policy.cli import build_parser, dispatch
-from policy.errors import CatalogueError, CheckpointError, SchemaError
+from policy.errors import CatalogueError, CheckpointError, ReplayError
 
 SUBCOMMANDS = {
     "bench": ("trainer.bench", "simulate policies on workloads and report metrics against lower bounds"),
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser("drl-trainer", SUBCOMMANDS, "Simulator, baselines, training and evaluation.", argv)
     try:
         return dispatch(parser, argv)
-    except (CatalogueError, CheckpointError, SchemaError) as exc:  # SchemaError: a malformed replay file
+    except (CatalogueError, CheckpointError, ReplayError) as exc:
         # the message names the file and the field; a traceback would only bury it
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2

@@ -200,3 +200,8 @@ def test_a_run_too_large_for_a_replay_is_skipped_not_the_night(session: Session,
     _ran(session, "extract", "cpu-small", 10.0, run_id="r2")
     runs = export_runs(session, CATALOGUE, since=T0 - dt.timedelta(hours=1), until=T0 + dt.timedelta(hours=1))
     assert [r.graph.run_key for r in runs] == ["etl/r2"]
+    # the edges' bound too (r1: 6 edges, r2: 3)
+    monkeypatch.setattr(export, "MAX_TASKS_PER_RUN", 100)
+    monkeypatch.setattr(export, "MAX_EDGES_PER_RUN", 5)
+    runs = export_runs(session, CATALOGUE, since=T0 - dt.timedelta(hours=1), until=T0 + dt.timedelta(hours=1))
+    assert [r.graph.run_key for r in runs] == ["etl/r2"]

@@ -81,12 +81,13 @@ def test_finetune_runs_on_what_export_traces_wrote(module: types.ModuleType, cat
                         lambda session, catalogue, **kw: exported.append(catalogue) or [])
     dag = module.drl_nightly_retrain()
     xcom = dag.get_task("export_traces").python_callable()
-    assert xcom == {"replay": "replay-20261204T020000.jsonl", "pools": str(catalogue)}
-    assert (registry / "traces" / xcom["replay"]).exists() and exported[0].source == str(catalogue)
-    # the fine-tune's worker mounts the registry elsewhere: the file is found under its own mount
-    # (found by review: the exporting worker's absolute path was passed)
+    name = "replay-20261204T020000.jsonl"
+    assert xcom == {"replay": str(registry / "traces" / name), "name": name, "pools": str(catalogue)}
+    assert Path(xcom["replay"]).exists() and exported[0].source == str(catalogue)
+    # the fine-tune's worker mounts the registry elsewhere: the file is found by its name under its own
+    # mount (found by review: the exporting worker's absolute path alone was passed)
     mounted = tmp_path / "mounted elsewhere"
-    shutil.copytree(registry, mounted)
+    shutil.move(registry, mounted)
     monkeypatch.setenv("DRL_REGISTRY_DIR", str(mounted))
     registry = mounted
 
@@ -100,7 +101,7 @@ def test_finetune_runs_on_what_export_traces_wrote(module: types.ModuleType, cat
     monkeypatch.setattr(module, "get_current_context", lambda: {"params": params})
     dag.get_task("finetune").python_callable(xcom)
     assert (tmp_path / "argv").read_text().splitlines() == [
-        "finetune", "--replay", str(mounted / "traces" / xcom["replay"]), "--registry", str(registry),
+        "finetune", "--replay", str(mounted / "traces" / name), "--registry", str(registry),
         "--pools", str(catalogue),
         "--minutes", "10", "--min-improvement", "0.01", "--seed", "1", "--guard", ""]
 
@@ -180,3 +181,22 @@ def test_old_candidates_are_pruned_but_not_the_served_ones(module: types.ModuleT
     assert gone == ["old"]
     assert sorted(p.name for p in (registry / "candidates").iterdir()) == ["new", "old-active", "old-last-good"]
     assert module.prune_candidates(str(tmp_path / "none"), now) == []
+
+
+def test_finetune_names_what_it_cannot_find_on_its_worker(module: types.ModuleType, catalogue: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither the exporting worker's path nor this worker's traces folder holds the replay, or the export's
+    catalogue is not here: an error naming them (found by review: another catalogue was used silently)."""
+    monkeypatch.setenv("DRL_REGISTRY_DIR", str(tmp_path / "reg"))
+    monkeypatch.delenv("DRL_TRACES_DIR", raising=False)
+    with pytest.raises(FileNotFoundError, match="neither at /elsewhere/replay-1.jsonl"):
+        module._here({"replay": "/elsewhere/replay-1.jsonl", "name": "replay-1.jsonl", "pools": str(catalogue)})
+    (tmp_path / "reg" / "traces").mkdir(parents=True)
+    (tmp_path / "reg" / "traces" / "replay-1.jsonl").write_text("")
+    with pytest.raises(FileNotFoundError, match="/etc/prod-pools.yaml, is not on this worker"):
+        module._here({"replay": "/elsewhere/replay-1.jsonl", "name": "replay-1.jsonl", "pools": "/etc/prod-pools.yaml"})
+    # an XCom of the previous version (an absolute path, no name) still works
+    old = {"replay": str(tmp_path / "reg" / "traces" / "replay-1.jsonl"), "pools": str(catalogue)}
+    assert module._here(old) == old
+    # the pruning runs even when the export failed
+    assert module.drl_nightly_retrain().get_task("prune_traces").trigger_rule == "all_done"

@@ -341,3 +341,18 @@ def test_a_promoted_candidate_is_the_groups_whatever_the_workers_umask(tmp_path:
     for p in [out.parent, out, *out.rglob("*")]:
         mode = stat.S_IMODE(p.stat().st_mode)
         assert mode == (0o2775 if p.is_dir() else 0o664), (p, oct(mode))
+
+
+def test_a_registry_that_refuses_modes_still_promotes(tmp_path: Path, registry: Path, scored,  # type: ignore[no-untyped-def]
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: chmod refused (vfat, some FUSE/SMB mounts) raised out of the fine-tune before activate."""
+    import os
+
+    scored({"traces-heldout": 10.0}, {"traces-heldout": 5.0})
+
+    def refuse(path, mode):  # type: ignore[no-untyped-def]
+        raise PermissionError(1, "Operation not permitted", str(path))
+
+    monkeypatch.setattr(os, "chmod", refuse)
+    report = finetune(_args(tmp_path, registry))
+    assert report["promoted"]
