@@ -90,10 +90,24 @@ class ServingCheckpoint:
     source: str = field(compare=False)
 
 
+def _files_under(root: Path) -> list[Path]:
+    """Every file under ``root``; a folder that cannot be read raises OSError (``rglob`` skipped it
+    silently, and a checkpoint the servers' user could not read looked empty: a bad checkpoint,
+    refused for good, not an I/O error retried; found by review)."""
+    out: list[Path] = []
+
+    def fail(exc: OSError) -> None:
+        raise exc
+
+    for folder, _, names in os.walk(root, onerror=fail):
+        out.extend(Path(folder) / n for n in names if (Path(folder) / n).is_file())
+    return out
+
+
 def checkpoint_sha256(path: Path) -> str:
     """Content hash of a checkpoint: the file itself, or every file of a folder in name order."""
     h = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    files = [path] if path.is_file() else sorted(_files_under(path))
     if not files:
         raise CheckpointError(f"{path}: no checkpoint file there")
     for f in files:
@@ -392,7 +406,8 @@ class ModelRegistry:
             model = self._load_last_good(exc)
             if _io_error(exc):  # reported here (raised or counted); the polls try again
                 self._io_errors[_CHECKPOINT_READ if self._current else _MANIFEST_READ] = str(exc)
-                self._seen = self._current = None
+                self._seen = None
+            self._current = None  # refused: the same checkpoint activated again is tried again
             if model is None:
                 raise
             return model
@@ -577,6 +592,9 @@ class ModelRegistry:
                 self._seen = self._current = None
                 self._io_failure(_CHECKPOINT_READ, str(exc))
             else:
+                # not loaded: an activation of the same checkpoint again (a new manifest) tries it again
+                # (found by review: after one failed load, say CUDA out of memory, only a restart did)
+                self._current = None
                 self._refuse(f"{path}: {type(exc).__name__}: {exc}")
             return
         self._io_errors.pop(_CHECKPOINT_READ, None)

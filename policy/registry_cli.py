@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from policy.registry import (
     activation_lock,
     checkpoint_sha256,
     history,
+    share_tree,
 )
 
 
@@ -117,7 +119,8 @@ def _active(root: Path) -> tuple[str, str] | None:
 
 def activate_checked(root: Path, checkpoint: Path, *, note: str = "", check: bool = True,
                      device: str = "cpu", sha256: str = "",
-                     unless_changed: tuple[str, str] | None | bool = False) -> dict[str, Any]:
+                     unless_changed: tuple[str, str] | None | bool = False,
+                     named_as: str = "") -> dict[str, Any]:
     """Check ``checkpoint`` (unless ``check`` is false) and name it in ``root``'s manifest with its
     sha256; raises :class:`CheckpointError` (the registry untouched) when it would be refused.
 
@@ -137,7 +140,10 @@ def activate_checked(root: Path, checkpoint: Path, *, note: str = "", check: boo
     version = ""
     if check:
         version = ModelRegistry(root, device=device).check(checkpoint, actual).version
-    named = _named(root, checkpoint)
+    # a rollback keeps the name its history recorded (relative: the same files on every host)
+    named = Path(named_as) if named_as and not Path(named_as).is_absolute() else _named(root, checkpoint)
+    if not named.is_absolute():
+        share_tree(checkpoint)  # inside the registry: the group's, as the servers read it (found by review)
     with activation_lock(root):
         if _sha(checkpoint) != actual:
             raise CheckpointError(f"{checkpoint}: its files changed while it was being checked; not activated")
@@ -174,7 +180,7 @@ def rollback(root: Path, *, note: str = "", device: str = "cpu") -> dict[str, An
         why = note or f"rollback from {now[0] if now else 'nothing'}"
         try:
             return activate_checked(root, path, note=why, device=device, sha256=entry.get("sha256", ""),
-                                    unless_changed=now)
+                                    unless_changed=now, named_as=entry["checkpoint"])
         except RegistryChanged:
             raise
         except CheckpointError as exc:
@@ -191,9 +197,11 @@ def _where(root: Path, named: str) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     root = Path(args.registry)
+    created = False
     try:
         if getattr(args, "create", False) and not root.is_dir():
-            root.mkdir(parents=True)
+            root.mkdir()  # its parent must exist: a typo there is not made a tree of new folders
+            created = True
             os.chmod(root, 0o2775)  # the group's, as the registry's files (servers and workers share it)
         if args.action == "show":
             if not root.is_dir():
@@ -205,6 +213,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             doc = rollback(root, note=args.note, device=args.device)
     except (CheckpointError, OSError, ValueError) as exc:  # ValueError: a path with a NUL, say
+        if created:  # refused: no new registry left behind for the next mistyped --registry
+            shutil.rmtree(root, ignore_errors=True)
         print(f"drl-policy registry {args.action}: refused: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(doc, indent=2))

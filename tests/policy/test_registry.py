@@ -490,3 +490,31 @@ def test_a_checkpoint_that_fails_to_read_is_retried(tmp_path: Path, unreadable: 
     reg.wait_idle()
     model = reg.poll()
     assert model is not None and model.version == "fake:2"
+
+
+def test_a_checkpoint_refused_once_is_tried_again_when_activated_again(tmp_path: Path) -> None:
+    """Found by review: after one failed load (CUDA out of memory, say) the same checkpoint activated again was
+    skipped as already tried; only a restart loaded it."""
+    failures: list[str] = []
+    calls: list[Path] = []
+
+    def flaky(path: Path, device: str) -> Tagged:
+        calls.append(path)
+        if len(calls) == 2:
+            raise RuntimeError("CUDA out of memory")
+        return fake_loader(path, device)
+
+    fake_checkpoint(tmp_path, "v1", "1")
+    fake_checkpoint(tmp_path, "v2", "2")
+    activate(tmp_path, "v1")
+    reg = ModelRegistry(tmp_path, loader=flaky, poll_s=0.01, on_failure=failures.append)
+    assert reg.load_now() is not None
+    for attempt in range(2):  # refused, then the same checkpoint activated again: loaded
+        time.sleep(0.02)
+        activate(tmp_path, "v2", note=f"try {attempt}")
+        time.sleep(0.02)
+        reg.poll()
+        reg.wait_idle()
+    got = reg.poll()
+    assert len(failures) == 1 and "out of memory" in failures[0]
+    assert got is not None and got.version == "fake:2" and len(calls) == 3

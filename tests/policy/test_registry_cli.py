@@ -171,3 +171,37 @@ def test_show_says_what_a_server_would_serve(tmp_path: Path, small: Path,
     assert len(history(reg)) == 2
     code, _, err = cli("show", "--registry", str(tmp_path / "none"), capsys=capsys)
     assert code == 1 and "no such registry" in err
+
+
+def test_review_three_rollback_names_create_and_modes(tmp_path: Path, small: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by the third review: a rollback through a symlink in the registry wrote one host's absolute
+    path; --create left a registry behind after a refusal, and made missing parents; a checkpoint copied
+    into the registry with mode 0700 was activated, and the servers of another user could not read it."""
+    import os
+    import stat
+
+    reg = tmp_path / "reg"
+    reg.mkdir()
+    (tmp_path / "models").mkdir()
+    (reg / "models").symlink_to(tmp_path / "models")
+    for name in ("a", "b"):
+        shutil.copytree(small, tmp_path / "models" / name)
+        (tmp_path / "models" / name / "tag.txt").write_text(name)
+        assert cli("activate", "--registry", str(reg), str(reg / "models" / name), capsys=capsys)[0] == 0
+    assert cli("rollback", "--registry", str(reg), capsys=capsys)[0] == 0
+    assert json.loads((reg / MANIFEST).read_text())["checkpoint"] == "models/a"  # as its history named it
+    # --create: refused, nothing left; a missing parent is not made
+    code, _, err = cli("activate", "--registry", str(tmp_path / "new"), str(tmp_path / "nowhere"), "--create",
+                       capsys=capsys)
+    assert code == 1 and not (tmp_path / "new").exists()
+    code, _, err = cli("activate", "--registry", str(tmp_path / "no" / "such"), str(reg / "models" / "a"),
+                       "--create", capsys=capsys)
+    assert code == 1 and not (tmp_path / "no").exists()
+    # a checkpoint inside the registry is made the group's
+    shutil.copytree(small, reg / "c")
+    os.chmod(reg / "c", 0o700)
+    os.chmod(reg / "c" / "manifest.json", 0o600)
+    assert cli("activate", "--registry", str(reg), str(reg / "c"), capsys=capsys)[0] == 0
+    assert stat.S_IMODE((reg / "c").stat().st_mode) == 0o2775
+    assert stat.S_IMODE((reg / "c" / "manifest.json").stat().st_mode) == 0o664
