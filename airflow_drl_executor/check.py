@@ -192,6 +192,7 @@ def check_round_trip(cfg: Any, catalogue: Any) -> Finding:
 def check_workers(cfg: Any, catalogue: Any, ask: Callable[[], Any] | None) -> Finding:
     """Live Celery workers per pool, and which pools the executor would mark down (``_up``)."""
     from airflow_drl_executor.executor import _up
+    from airflow_drl_executor.liveness import live_per_pool
 
     if cfg.pool_check_interval_s <= 0:
         return Finding("workers", OK, "pool_check_interval_s is 0: no liveness check, every pool counts as the "
@@ -205,11 +206,7 @@ def check_workers(cfg: Any, catalogue: Any, ask: Callable[[], Any] | None) -> Fi
                                         "counts as the catalogue says")
     if not replies:
         return Finding("workers", WARN, "no Celery worker answered: every pool counts as the catalogue says")
-    count = dict.fromkeys(catalogue.names, 0)
-    for queues in replies.values():
-        for name in {q.get("name") for q in queues or () if isinstance(q, dict)}:
-            if name in count:
-                count[name] += 1
+    count, _ = live_per_pool(replies, catalogue.names)
     text = ", ".join(f"{p} {n}" for p, n in count.items())
     down = [spec.name for spec in catalogue.pools if not _up(spec, count)]
     if down:

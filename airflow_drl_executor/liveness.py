@@ -95,6 +95,20 @@ def celery_inspector(app: Any, timeout_s: float) -> Callable[[], Replies]:
     return ask
 
 
+def live_per_pool(replies: Mapping[str, Any], pools: Sequence[str]) -> tuple[dict[str, int], set[str]]:
+    """From the workers' ``active_queues`` replies: live workers per pool, and the queues workers
+    consume that are no pool."""
+    count = dict.fromkeys(pools, 0)
+    foreign: set[str] = set()
+    for queues in replies.values():
+        for name in {q.get("name") for q in queues or () if isinstance(q, Mapping)}:
+            if name in count:
+                count[name] += 1
+            elif isinstance(name, str):
+                foreign.add(name)
+    return count, foreign
+
+
 class PoolWatch:
     """Live Celery workers per pool (queue), refreshed every ``interval_s`` by :meth:`start`'s thread."""
 
@@ -131,14 +145,7 @@ class PoolWatch:
         if not replies:
             self._learned_nothing("no Celery worker answered")
             return None
-        count = dict.fromkeys(self.pools, 0)
-        foreign: set[str] = set()
-        for queues in replies.values():
-            for name in {q.get("name") for q in queues or () if isinstance(q, Mapping)}:
-                if name in count:
-                    count[name] += 1
-                elif isinstance(name, str):
-                    foreign.add(name)
+        count, foreign = live_per_pool(replies, self.pools)
         if foreign and foreign != self._foreign:  # a typo in the catalogue shows here (found by review)
             log.info("DRLExecutor: Celery workers consume queues that are not pools of the catalogue: %s "
                      "(tasks routed there are sent unplaced)", ", ".join(sorted(foreign)))

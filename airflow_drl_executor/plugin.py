@@ -66,11 +66,13 @@ def _serving() -> str:
     option that does not work is said, not raised: the page shows the placements all the same."""
     from airflow.configuration import conf
 
-    from airflow_drl_executor.check import check_config, check_redis, check_servers
+    from airflow_drl_executor.check import check_redis, check_servers
+    from airflow_drl_executor.config import ExecutorConfig
 
-    found, cfg, _ = check_config(conf)
-    if cfg is None:
-        return f"unknown ({found.detail})"
+    try:
+        cfg = ExecutorConfig.from_conf(conf)
+    except ValueError as exc:
+        return f"unknown ({exc})"
     reached, r = check_redis(cfg, 0.5)
     if r is None:
         return f"unknown (Redis {reached.detail})"

@@ -22,7 +22,6 @@ replay file goes to :func:`traces_dir` in that folder; the pool catalogue is the
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import shlex
 import shutil
@@ -121,20 +120,12 @@ def prune_candidates(registry: str, before: dt.datetime) -> list[str]:
     """Delete the candidate folders in ``<registry>/candidates`` last written before ``before``,
     except the ones the registry serves or may fall back to (named by ``active.json`` or
     ``last_good.json``); their names. A rollback to a pruned candidate is refused with its reason."""
-    from policy.registry import LAST_GOOD, MANIFEST
+    from policy.registry import ModelRegistry
 
     root = os.path.join(registry, "candidates")
     if not os.path.isdir(root):
         return []
-    keep = set()
-    for name in (MANIFEST, LAST_GOOD):
-        try:
-            with open(os.path.join(registry, name)) as fh:
-                named = str(json.load(fh).get("checkpoint", ""))
-        except (OSError, ValueError, AttributeError):
-            continue
-        path = named if os.path.isabs(named) else os.path.join(registry, named)
-        keep.add(os.path.realpath(path))
+    keep = {os.path.realpath(path) for path in ModelRegistry(registry).named_checkpoints()}
     gone = []
     for name in sorted(os.listdir(root)):
         folder = os.path.join(root, name)

@@ -136,10 +136,8 @@ def activate(root: str | Path, checkpoint: str | Path, *, sha256: str | None = N
     # ends there instead of swallowing this one; history() skips the empty lines
     line = ("\n" + json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **doc}) + "\n").encode()
     try:
-        fd = os.open(Path(root) / HISTORY, os.O_WRONLY | os.O_CREAT | os.O_APPEND, REGISTRY_FILE_MODE)
+        fd = _open_shared(Path(root) / HISTORY)
         try:
-            if os.fstat(fd).st_uid == os.getuid():
-                os.fchmod(fd, REGISTRY_FILE_MODE)
             while line:  # one write of a short line is whole under O_APPEND on a local disk
                 line = line[os.write(fd, line):]
         finally:
@@ -185,10 +183,7 @@ def activation_lock(root: str | Path) -> Iterator[None]:
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    lock = root / ACTIVATION_LOCK
-    fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_APPEND, REGISTRY_FILE_MODE)
-    if os.fstat(fd).st_uid == os.getuid():  # made group-writable whatever the umask (see _write_json)
-        os.fchmod(fd, REGISTRY_FILE_MODE)
+    fd = _open_shared(root / ACTIVATION_LOCK)
     with os.fdopen(fd, "a") as fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
         try:
@@ -201,6 +196,15 @@ def activation_lock(root: str | Path) -> Iterator[None]:
 REGISTRY_FILE_MODE = 0o664
 #: folders written into the registry (candidates, the packaged copy): the group's, setgid
 REGISTRY_DIR_MODE = 0o2775
+
+
+def _open_shared(path: Path) -> int:
+    """``path`` opened for appending, created if missing, and made group-writable whatever the umask
+    when this user owns it (see _write_json): the registry's lock and history files."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, REGISTRY_FILE_MODE)
+    if os.fstat(fd).st_uid == os.getuid():
+        os.fchmod(fd, REGISTRY_FILE_MODE)
+    return fd
 
 
 def share_tree(path: str | Path, *, recursive: bool = True) -> None:
@@ -500,6 +504,20 @@ class ModelRegistry:
                 return self._verified(self.root / LAST_GOOD, self._read_spec(self.root / LAST_GOOD))
             except CheckpointError as exc:
                 raise refused from exc
+
+    def named_checkpoints(self) -> list[Path]:
+        """The checkpoints ``active.json`` and ``last_good.json`` name (what a server serves or may
+        fall back to), relative names resolved against the registry; a file that is missing or
+        does not read names none."""
+        out = []
+        for file in (self.manifest, self.root / LAST_GOOD):
+            try:
+                spec = self._read_spec(file)
+            except CheckpointError:
+                continue
+            if spec is not None:
+                out.append(spec[0])
+        return out
 
     def check(self, path: str | Path, sha256: str = "") -> LoadedModel:
         """Load ``path`` as a server would (hash, the loader's schema and shape checks, the probe

@@ -120,10 +120,12 @@ local lost = {}
 while i <= #ARGV do
   local id, key = ARGV[i], ARGV[i + 1]
   if #redis.call('XPENDING', stream, group, id, id, 1, me) > 0 then
-    local kind = key ~= '' and redis.call('TYPE', key).ok or ''
-    if kind == 'none' or kind == 'list' then  -- another type there (not ours): acknowledged, unanswered
-      redis.call('RPUSH', key, ARGV[i + 2])
-      redis.call('EXPIRE', key, reply_ttl)
+    if key ~= '' then
+      -- pcall: a key of another type there (not ours) is left alone, its entry acknowledged unanswered
+      local pushed = redis.pcall('RPUSH', key, ARGV[i + 2])
+      if type(pushed) ~= 'table' or not pushed.err then
+        redis.call('EXPIRE', key, reply_ttl)
+      end
     end
     redis.call('XACK', stream, group, id)
     redis.call('XDEL', stream, id)
