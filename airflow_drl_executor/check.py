@@ -12,7 +12,8 @@ learned policy, or the executor will not start), with what it found:
   or none is DRLExecutor).
 - ``redis``: the policy servers' Redis answers ``PING`` with this URL, password and TLS settings.
 - ``policy servers``: the replicas with a fresh heartbeat (``server_stale_after_s``), each with
-  its model version and device; none means every placement falls back to the heuristic.
+  its model version, the objective its registry names and its device; none means every placement
+  falls back to the heuristic; replicas of different objectives are a warning.
 - ``round trip``: a small probe request (two tasks of a probe DAG run, this catalogue's pools) is
   placed by a server within ``decision_timeout_ms``: the prefix and the wire schema agree with the
   executor's. It is a real request: the servers count it in their metrics; nothing is dispatched
@@ -133,6 +134,7 @@ def check_servers(cfg: Any, r: Any) -> Finding:
     now = sec + usec / 1e6
     live: list[str] = []
     stale: list[str] = []
+    objectives: set[str] = set()
     for consumer, raw in sorted(beats.items()):
         name = consumer.decode(errors="replace") if isinstance(consumer, bytes) else str(consumer)
         try:
@@ -141,14 +143,25 @@ def check_servers(cfg: Any, r: Any) -> Finding:
             doc = {}
         doc = doc if isinstance(doc, dict) else {}
         age = heartbeat_age(raw, now)
-        text = f"{name} {doc.get('version', '?')} on {doc.get('device', '?')} ({age:.1f} s ago)"
+        objective = doc.get("objective")  # None: a heuristic-only server, or one older than objectives
+        aim = f" for {objective}" if objective else ""
+        text = f"{name} {doc.get('version', '?')}{aim} on {doc.get('device', '?')} ({age:.1f} s ago)"
         (live if age <= cfg.server_stale_after_s else stale).append(text)
+        if objective and age <= cfg.server_stale_after_s:
+            objectives.add(str(objective))
     if not live:
         why = f"stale: {'; '.join(stale)}" if stale else f"no heartbeat on {keys.heartbeat}"
         return Finding("policy servers", FAIL, f"none live ({why}): every placement falls back to the "
                                                f"heuristic; prefix {cfg.key_prefix!r}")
     extra = f"; stale: {'; '.join(stale)}" if stale else ""
-    return Finding("policy servers", OK, f"{len(live)} live: {'; '.join(live)}{extra}")
+    detail = f"{len(live)} live: {'; '.join(live)}{extra}"
+    if "invalid" in objectives:
+        return Finding("policy servers", WARN, f"{detail}: a registry's active.json names an objective that is "
+                                               "not one (`drl-policy registry show`)")
+    if len(objectives) > 1:
+        return Finding("policy servers", WARN, f"{detail}: the replicas serve registries of different "
+                                               f"objectives ({', '.join(sorted(objectives))})")
+    return Finding("policy servers", OK, detail)
 
 
 def probe_request(catalogue: Any) -> tuple[Any, dict[str, Any]]:

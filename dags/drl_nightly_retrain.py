@@ -7,7 +7,9 @@
 2. ``finetune`` (``drl-trainer finetune``) starts from the active checkpoint, imitates the best
    heuristic on those replayed runs (and the seed families) for at most ``minutes``, evaluates
    the candidate against the incumbent on held-out replayed runs in the simulator, and promotes it
-   in the model registry only if it beats the incumbent; policy servers hot-reload it.
+   in the model registry only if it beats the incumbent; policy servers hot-reload it. The
+   objective trained and judged on is the registry's (``drl-policy registry activate --objective``;
+   mean JCT unless one was set).
 3. ``prune_traces`` deletes placements decided more than ``keep_days`` ago, and replay files as
    old, once they are exported (the table grows by one row per task try; 0 keeps everything).
 

@@ -4,7 +4,14 @@ Layout (``<root>/active.json``, written atomically by :func:`activate`)::
 
     {"checkpoint": "gnn-2024-06-01",      # path, relative to <root> or absolute
      "sha256": "9f2c...",                 # optional: content hash of the checkpoint (see below)
-     "note": "nightly fine-tune"}         # optional, logged
+     "note": "nightly fine-tune",         # optional, logged
+     "objective": "sla_violation_rate"}   # optional: what the deployment optimises (OBJECTIVES)
+
+The objective is the deployment's, not the checkpoint's: every activation keeps the one the
+manifest had unless it is given (:func:`activate`), the nightly fine-tune trains and judges its
+candidates on it, and the servers report it in their heartbeats. An empty registry is seeded
+with the packaged checkpoint of the objective its first server was given
+(:data:`PACKAGED_CHECKPOINTS`, :func:`ensure_active`).
 
 The server polls the manifest between batches. When it names a new checkpoint, the registry
 checks the hash (when given), then loads the checkpoint in a background thread through a *loader*
@@ -120,17 +127,22 @@ def checkpoint_sha256(path: Path) -> str:
 
 
 def activate(root: str | Path, checkpoint: str | Path, *, sha256: str | None = None,
-             note: str = "") -> Path:
+             note: str = "", objective: str | None = None) -> Path:
     """Point the registry at ``checkpoint`` (atomic rename; servers pick it up on their next poll).
 
     ``checkpoint`` is written as given: a relative path is relative to ``root`` (see the module's
-    docstring); nothing is checked here (``drl-policy registry activate`` checks first). Each
-    activation is also appended to ``<root>/history.jsonl`` (:func:`history`), best effort."""
+    docstring); nothing is checked here (``drl-policy registry activate`` checks first).
+    ``objective`` (one of :data:`OBJECTIVES`): None keeps the manifest's (none: the default,
+    ``mean_jct``, is not written). Each activation is also appended to ``<root>/history.jsonl``
+    (:func:`history`), best effort."""
+    objective = check_objective(objective) if objective is not None else registry_objective(root, explicit=True)
     doc: dict[str, str] = {"checkpoint": str(checkpoint)}
     if sha256:
         doc["sha256"] = sha256
     if note:
         doc["note"] = note
+    if objective:
+        doc["objective"] = objective
     manifest = _write_json(Path(root), MANIFEST, doc)
     # each record starts with a newline too: a line an earlier writer left cut short (a full disk)
     # ends there instead of swallowing this one; history() skips the empty lines
@@ -238,6 +250,41 @@ def _write_json(root: Path, name: str, doc: dict[str, str]) -> Path:
 
 #: The checkpoint shipped with the package (trained by the command in its manifest).
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "default"
+#: What a deployment may optimise (``drl-trainer train --objective`` names the same; the
+#: nightly fine-tune trains and judges its candidates on the registry's).
+OBJECTIVES = ("mean_jct", "p95_jct", "sla_violation_rate", "cost")
+DEFAULT_OBJECTIVE = "mean_jct"
+#: The packaged checkpoint an empty registry is seeded with, per objective: the one with the best
+#: held-out figures on that metric among those measured (docs/policy.md, "Objective presets").
+#: ``sla`` is e3t (``docs/exp-ledger/checkpoints/e3t``, the same files); none measured beats the
+#: default on p95 or cost without losing elsewhere, so those start from it and the nightly
+#: fine-tune moves them towards their objective.
+PACKAGED_CHECKPOINTS = {"mean_jct": DEFAULT_CHECKPOINT, "p95_jct": DEFAULT_CHECKPOINT,
+                        "sla_violation_rate": DEFAULT_CHECKPOINT.parent / "sla", "cost": DEFAULT_CHECKPOINT}
+
+
+def check_objective(objective: str) -> str:
+    """``objective`` if it is one of :data:`OBJECTIVES`; a :class:`CheckpointError` naming them if not."""
+    if objective not in OBJECTIVES:
+        raise CheckpointError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    return objective
+
+
+def registry_objective(root: str | Path, *, explicit: bool = False) -> str:
+    """The objective ``<root>/active.json`` names; :data:`DEFAULT_OBJECTIVE` when it names none
+    (``explicit``: "" then) or cannot be read. A value that is not one of :data:`OBJECTIVES` is an
+    error (a typo must not train the nightly candidates for another metric)."""
+    try:
+        doc = json.loads((Path(root) / MANIFEST).read_bytes().decode())
+    except (OSError, ValueError):
+        doc = None
+    value = doc.get("objective") if isinstance(doc, dict) else None
+    if value is None:
+        return "" if explicit else DEFAULT_OBJECTIVE
+    if not isinstance(value, str):
+        raise CheckpointError(f"{Path(root) / MANIFEST}.objective: expected one of {', '.join(OBJECTIVES)}, "
+                              f"got {value!r}")
+    return check_objective(value)
 
 
 #: the note of a manifest :func:`ensure_active` wrote
@@ -246,46 +293,77 @@ PACKAGED_NOTE = "packaged default checkpoint"
 PACKAGED_DIR = "packaged"
 
 
-def ensure_active(root: str | Path, default: str | Path = DEFAULT_CHECKPOINT) -> Path | None:
-    """Name ``default`` in an empty registry, so a fresh install serves a trained policy from the
-    first request; a registry that already has a manifest is left alone. Returns the manifest.
+def ensure_active(root: str | Path, default: str | Path | None = None, *,
+                  objective: str = DEFAULT_OBJECTIVE) -> Path | None:
+    """Name the packaged checkpoint of ``objective`` (``default``: that one instead) in an empty
+    registry, so a fresh install serves a trained policy from the first request; a registry that
+    already has a manifest is left alone. Returns the manifest.
 
-    The default is copied into the registry (``packaged/<sha256[:12]>``, named relative to it):
-    the package's own folder is replaced by every upgrade, and a manifest naming it, pinned to the
-    old content's hash, left every server refusing it and its last good one alike (found by review).
-    A registry seeded that way (the note, an absolute path) is seeded again from the new default."""
+    The checkpoint is copied into the registry (:func:`copy_packaged`, named relative to it).
+    A registry seeded by naming the package's folder (the note, an absolute path) is seeded again from the new default.
+    A registry still on a packaged checkpoint seeded for another objective (nobody activated
+    anything since) is seeded again for ``objective``; one whose manifest someone activated keeps
+    it, with a warning when its objective is not ``objective`` (``drl-policy registry activate
+    --objective`` changes it)."""
     root = Path(root)
+    check_objective(objective)
     try:
         if (root / MANIFEST).exists():
             try:
                 doc = json.loads((root / MANIFEST).read_text())
             except ValueError:
                 return root / MANIFEST  # the registry says what is wrong with it
-            if not (isinstance(doc, dict) and doc.get("note") == PACKAGED_NOTE
-                    and Path(str(doc.get("checkpoint", ""))).is_absolute()):
+            if not isinstance(doc, dict) or doc.get("note") != PACKAGED_NOTE:
+                named = doc.get("objective", DEFAULT_OBJECTIVE) if isinstance(doc, dict) else DEFAULT_OBJECTIVE
+                if named != objective:
+                    log.warning("registry %s optimises %s (its active.json), not the %s this server was given: "
+                                "serving what it names; `drl-policy registry activate --registry %s --objective "
+                                "%s` switches it", root, named, objective, root, objective)
                 return root / MANIFEST
-            log.info("registry %s names the package's own default checkpoint: seeding it with a copy", root)
-        default = Path(default)
-        if not (default / "manifest.json").exists():
-            log.warning("registry %s is empty and there is no default checkpoint at %s", root, default)
-            return None
-        sha = checkpoint_sha256(default)
-        copy = Path(PACKAGED_DIR) / sha[:12]
-        if not (root / copy).exists():
-            (root / PACKAGED_DIR).mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(prefix=f".{sha[:12]}.", dir=root / PACKAGED_DIR))
-            shutil.copytree(default, staging, dirs_exist_ok=True)
-            os.chmod(staging, 0o775)  # mkdtemp's 0700 would hide it from servers of another user
-            try:
-                os.rename(staging, root / copy)  # whole or not at all; a replica starting beside us
-            except OSError:
-                shutil.rmtree(staging, ignore_errors=True)
-                if not (root / copy).exists():
-                    raise
-        log.info("registry %s: activating the packaged default checkpoint (copied to %s)", root, copy)
-        return activate(root, copy, sha256=sha, note=PACKAGED_NOTE)
+            seeded_for = doc.get("objective", DEFAULT_OBJECTIVE)
+            if Path(str(doc.get("checkpoint", ""))).is_absolute():
+                log.info("registry %s names the package's own default checkpoint: seeding it with a copy", root)
+            elif seeded_for != objective:
+                log.info("registry %s holds the packaged checkpoint for %s: seeding it for %s", root,
+                         seeded_for, objective)
+            else:
+                return root / MANIFEST
+        return activate_packaged(root, objective, default)
     except OSError as exc:  # the caller decides, as for a bad checkpoint (auto: the heuristic)
         raise CheckpointError(f"{root}: cannot read or write the registry: {exc}") from exc
+
+
+def activate_packaged(root: Path, objective: str, checkpoint: str | Path | None = None) -> Path | None:
+    """Activate the packaged checkpoint of ``objective`` (or ``checkpoint``) for ``objective``,
+    copied into ``root`` (:func:`copy_packaged`); None when there is no such checkpoint."""
+    source = Path(checkpoint) if checkpoint is not None else PACKAGED_CHECKPOINTS[objective]
+    if not (source / "manifest.json").exists():
+        log.warning("registry %s is empty and there is no packaged checkpoint at %s", root, source)
+        return None
+    copy, sha = copy_packaged(root, source)
+    log.info("registry %s: activating the packaged checkpoint for %s (copied to %s)", root, objective, copy)
+    return activate(root, copy, sha256=sha, note=PACKAGED_NOTE, objective=objective)
+
+
+def copy_packaged(root: Path, source: Path) -> tuple[Path, str]:
+    """``(copy, sha256)``: ``source`` copied to ``root/packaged/<sha256[:12]>`` (``copy`` relative to
+    ``root``), whole or not at all, unless it is there already. The package's own folder is
+    replaced by every upgrade: a manifest naming it, pinned to the old content's hash, left every
+    server refusing it and its last good one alike (found by review)."""
+    sha = checkpoint_sha256(source)
+    copy = Path(PACKAGED_DIR) / sha[:12]
+    if not (root / copy).exists():
+        (root / PACKAGED_DIR).mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{sha[:12]}.", dir=root / PACKAGED_DIR))
+        shutil.copytree(source, staging, dirs_exist_ok=True)
+        os.chmod(staging, 0o775)  # mkdtemp's 0700 would hide it from servers of another user
+        try:
+            os.rename(staging, root / copy)  # whole or not at all; a replica starting beside us
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+            if not (root / copy).exists():
+                raise
+    return copy, sha
 
 
 def resolve_device(spec: str) -> str:
@@ -380,6 +458,8 @@ class ModelRegistry:
         #: the I/O failure last reported, per thing read (_MANIFEST_READ, _CHECKPOINT_READ): a
         #: poll retries it every poll_s, and the same error is logged and counted only once
         self._io_errors: dict[str, str] = {}
+        self._objective: str | None = None
+        self._objective_at = 0.0
 
     @property
     def manifest(self) -> Path:
@@ -518,6 +598,20 @@ class ModelRegistry:
             if spec is not None:
                 out.append(spec[0])
         return out
+
+    def objective(self) -> str:
+        """The objective the manifest names (:func:`registry_objective`), read at most once a
+        ``poll_s`` (heartbeats and /health ask); ``invalid`` for a value that is not one."""
+        now = self._clock()
+        if self._objective is None or now >= self._objective_at:
+            self._objective_at = now + self.poll_s
+            try:
+                self._objective = registry_objective(self.root)
+            except CheckpointError as exc:
+                if self._objective != "invalid":
+                    log.error("model registry: %s", exc)
+                self._objective = "invalid"
+        return self._objective
 
     def check(self, path: str | Path, sha256: str = "") -> LoadedModel:
         """Load ``path`` as a server would (hash, the loader's schema and shape checks, the probe

@@ -1,7 +1,8 @@
 """``drl-policy registry``: what a model registry serves, and changing it by hand.
 
     drl-policy registry show     --registry DIR                 # JSON: active, last good, serving, history
-    drl-policy registry activate --registry DIR CHECKPOINT [--note TEXT] [--no-check] [--create]
+    drl-policy registry activate --registry DIR CHECKPOINT [--objective O] [--note TEXT] [--no-check] [--create]
+    drl-policy registry activate --registry DIR --objective O   # the packaged checkpoint for O
     drl-policy registry rollback --registry DIR [--note TEXT]   # the checkpoint active before this one
 
 ``activate`` takes ``CHECKPOINT`` as a path from the current directory (``active.json`` takes paths
@@ -20,6 +21,12 @@ active one (by path or by content), with the same checks and the content it had 
 rollback goes back again, as ``cd -`` does). Every activation, the nightly fine-tune's too, is
 appended to that history. When the manifest changes while a rollback checks its checkpoint (a
 promotion), the rollback writes nothing and says so.
+
+``--objective`` (mean_jct, p95_jct, sla_violation_rate, cost) sets what the deployment optimises:
+the nightly fine-tune trains and judges its candidates on it, the servers report it. Without a
+CHECKPOINT it activates the packaged checkpoint for that objective (copied into the registry, as
+a server seeds an empty one). Every activation without ``--objective``, a rollback's too, keeps
+the objective the manifest had.
 
 Writers hold the registry's activation lock (the fine-tune's promotion takes it too). Exit status:
 0 done, 1 refused (the reason on stderr), 2 usage.
@@ -40,11 +47,15 @@ from policy.registry import (
     HISTORY,
     LAST_GOOD,
     MANIFEST,
+    OBJECTIVES,
+    PACKAGED_CHECKPOINTS,
     ModelRegistry,
     activate,
     activation_lock,
     checkpoint_sha256,
+    copy_packaged,
     history,
+    registry_objective,
     share_tree,
 )
 
@@ -64,7 +75,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     back = actions.add_parser("rollback", help="activate the checkpoint that was active before this one")
     for p in (show, act, back):
         p.add_argument("--registry", required=True, help="the model registry folder")
-    act.add_argument("checkpoint", help="checkpoint folder, as a path from the current directory")
+    act.add_argument("checkpoint", nargs="?", default=None,
+                     help="checkpoint folder, as a path from the current directory (none: the packaged "
+                          "checkpoint for --objective)")
+    act.add_argument("--objective", default=None, choices=OBJECTIVES,
+                     help="what the deployment optimises (default: keep the registry's)")
     for p in (act, back):
         p.add_argument("--note", default="", help="a note kept in active.json and the history")
         p.add_argument("--device", default="cpu", help="device to load the checkpoint on to check it")
@@ -87,6 +102,10 @@ def show(root: Path) -> dict[str, Any]:
     """The registry's state, as ``drl-policy registry show`` prints it."""
     doc: dict[str, Any] = {"registry": str(root), "active": _read(root / MANIFEST),
                            "last_good": _read(root / LAST_GOOD)}
+    try:
+        doc["objective"] = registry_objective(root)
+    except CheckpointError as exc:
+        doc["objective"] = {"error": str(exc)}
     try:
         serving = ModelRegistry(root).serving_checkpoint()
         doc["serving"] = {"checkpoint": str(serving.path), "sha256": serving.sha256, "named_by": serving.source}
@@ -120,14 +139,15 @@ def _active(root: Path) -> tuple[str, str] | None:
 def activate_checked(root: Path, checkpoint: Path, *, note: str = "", check: bool = True,
                      device: str = "cpu", sha256: str = "",
                      unless_changed: tuple[str, str] | None | bool = False,
-                     named_as: str = "") -> dict[str, Any]:
+                     named_as: str = "", objective: str | None = None) -> dict[str, Any]:
     """Check ``checkpoint`` (unless ``check`` is false) and name it in ``root``'s manifest with its
     sha256; raises :class:`CheckpointError` (the registry untouched) when it would be refused.
 
     ``sha256``: the content it must have (a rollback's recorded hash). ``unless_changed``: the
     manifest's (checkpoint, sha256) as the caller read it (None: no manifest); when the manifest
     no longer says that once the activation lock is held (the nightly fine-tune promoted
-    meanwhile), nothing is written. False: activate whatever is active now."""
+    meanwhile), nothing is written. False: activate whatever is active now. ``objective``: None
+    keeps the manifest's."""
     if not root.is_dir():
         raise CheckpointError(f"{root}: no such registry folder (drl-policy registry activate --create makes one)")
     checkpoint = Path(os.path.normpath(checkpoint.absolute()))
@@ -150,8 +170,9 @@ def activate_checked(root: Path, checkpoint: Path, *, note: str = "", check: boo
         if unless_changed is not False and _active(root) != unless_changed:
             raise RegistryChanged(f"{root / MANIFEST} changed meanwhile (now {_active(root)}); nothing done: "
                                   "look at `drl-policy registry show` and run the command again")
-        activate(root, named, sha256=actual, note=note)
-    return {"checkpoint": str(named), "sha256": actual, "version": version, "checked": check}
+        activate(root, named, sha256=actual, note=note, objective=objective)
+    return {"checkpoint": str(named), "sha256": actual, "version": version, "checked": check,
+            "objective": registry_objective(root)}
 
 
 def _sha(path: Path) -> str:
@@ -208,8 +229,18 @@ def run(args: argparse.Namespace) -> int:
                 raise CheckpointError(f"{root}: no such registry folder")
             doc: dict[str, Any] = show(root)
         elif args.action == "activate":
-            doc = activate_checked(root, Path(args.checkpoint), note=args.note, check=not args.no_check,
-                                   device=args.device)
+            if args.checkpoint is None and args.objective is None:
+                raise CheckpointError("name a CHECKPOINT, or --objective for the packaged checkpoint of that objective")
+            if args.checkpoint is None:  # a copy inside the registry: an upgrade replaces the package's
+                if not root.is_dir():
+                    raise CheckpointError(f"{root}: no such registry folder (--create makes one)")
+                checkpoint = root / copy_packaged(root, PACKAGED_CHECKPOINTS[args.objective])[0]
+            else:
+                checkpoint = Path(args.checkpoint)
+            # not the seeding's note: a server given another --objective re-seeds only its own seeds
+            note = args.note or (f"packaged checkpoint for {args.objective}" if args.checkpoint is None else "")
+            doc = activate_checked(root, checkpoint, note=note, check=not args.no_check, device=args.device,
+                                   objective=args.objective)
         else:
             doc = rollback(root, note=args.note, device=args.device)
     except (CheckpointError, OSError, ValueError) as exc:  # ValueError: a path with a NUL, say

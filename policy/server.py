@@ -215,7 +215,7 @@ class PolicyServer:
                 on_failure=lambda reason: self.metrics.model_load_failures.inc(),
             )
             try:
-                ensure_active(config.registry)
+                ensure_active(config.registry, objective=config.objective)
                 model = self.registry.load_now()
             except CheckpointError as exc:
                 if config.placer == "gnn":
@@ -462,7 +462,7 @@ class PolicyServer:
         UTF-8, or a heartbeat of "[" x 100,000, raised out of here and every replica went down)."""
         self._sync_clock(r)
         beat = json.dumps({"ts": self.redis_now(), "version": self.version, "device": self.device,
-                           "pid": os.getpid(), "handled": self.handled})
+                           "objective": self.objective(), "pid": os.getpid(), "handled": self.handled})
         r.hset(self.keys.heartbeat, self.config.consumer, beat)
         self.cache.expire()
         self.metrics.graph_cache_entries.set(len(self.cache))
@@ -777,6 +777,11 @@ class PolicyServer:
 
     # --- health ------------------------------------------------------------------------------
 
+    def objective(self) -> str | None:
+        """What the registry's manifest says the deployment optimises (None: no registry, the
+        heuristic; ``invalid`` when the manifest's value is not one of the objectives)."""
+        return self.registry.objective() if self.registry is not None else None
+
     def health(self) -> dict[str, Any]:
         return {
             "status": "ok" if self.connected else "redis_unavailable",
@@ -784,6 +789,7 @@ class PolicyServer:
             "version": self.version,
             "checkpoint": self.checkpoint,
             "device": self.device,
+            "objective": self.objective(),
             "cp_gate": getattr(self.placer, "cp_gate", None),  # the GNN's premium gate (None: no GNN)
             "cp_gate_scope": getattr(self.placer, "cp_gate_scope", None),
             "consumer": self.config.consumer,

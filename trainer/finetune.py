@@ -58,7 +58,9 @@ from policy.registry import (
     ServingCheckpoint,
     activate,
     activation_lock,
+    check_objective,
     checkpoint_sha256,
+    registry_objective,
     share_tree,
 )
 from trainer.train import (
@@ -97,8 +99,9 @@ class FinetuneArgs:
     guard: str = "montecarlo;mlpipeline"
     #: fewer recorded runs than this: no training, the incumbent stays
     min_runs: int = 8
-    #: objective, simulated load and duration noise (see ``drl-trainer train``)
-    objective: str = "mean_jct"
+    #: objective (empty: the registry's, its active.json ``objective``, mean_jct if it names none),
+    #: simulated load and duration noise (see ``drl-trainer train``)
+    objective: str = ""
     load: float = 0.85
     duration_noise: float = 0.3
     #: imitation iterations (upper bound; ``minutes`` usually ends the loop first) and stream size
@@ -113,6 +116,11 @@ class FinetuneArgs:
     def __post_init__(self) -> None:
         if not self.replay or not self.registry:
             raise ValueError("--replay and --registry are required")
+        if self.objective:
+            try:
+                check_objective(self.objective)
+            except CheckpointError as exc:
+                raise ValueError(f"--{exc}") from None
         if self.minutes <= 0 or self.min_runs < 2 or self.runs < 1:
             raise ValueError("--minutes must be > 0, --min-runs >= 2 and --runs >= 1")
 
@@ -135,6 +143,10 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
     """Run the steps of the module docstring; return the report (also written as report.json)."""
     t0 = time.perf_counter()
     registry = Path(a.registry)
+    # the deployment's objective (the registry's), unless the command names one (then promoting
+    # makes it the registry's)
+    objective_then = registry_objective(registry)
+    a = dataclasses.replace(a, objective=a.objective or objective_then)
     serving = ModelRegistry(registry).serving_checkpoint()
     incumbent = load_checkpoint(serving.path)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%f")
@@ -225,8 +237,14 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
                 changed = f"the servers now serve {now.path} ({now.sha256[:12]})"
             except CheckpointError as exc:  # it served when we started: something changed it
                 now, changed = None, f"the registry names no checkpoint that serves ({exc})"
+            try:
+                objective_now = registry_objective(registry)
+            except CheckpointError as exc:
+                objective_now = str(exc)
+            if now == serving and objective_now != objective_then:
+                now, changed = None, f"its objective is now {objective_now}, not {objective_then}"
             if now == serving:
-                activate(registry, model_dir.relative_to(registry), sha256=sha256,
+                activate(registry, model_dir.relative_to(registry), sha256=sha256, objective=a.objective,
                          note=f"nightly fine-tune: {metric} {gain:+.1%} on held-out traces vs {incumbent.version}")
                 report["promoted"] = True
                 report["checkpoint"] = str(model_dir)

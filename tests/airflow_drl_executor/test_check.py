@@ -165,3 +165,34 @@ def test_secrets_stay_out_of_urls_shown() -> None:
     assert redacted_url("redis://:ab#cd@host/0") == "redis://:***@host/0"
     assert redacted_url("redis://:pw@[::1]:6379/0") == "redis://:***@[::1]:6379/0"
     assert redacted_url("not a url") == "<a Redis URL that does not parse>"
+
+
+def test_each_servers_objective_is_shown_and_replicas_that_disagree_are_a_warning(redis_url: str,
+                                                                                  tmp_path: Path) -> None:
+    """Replicas reading different registries (one seeded for the SLA model, one for the mean) place
+    one DAG run's tasks for different objectives: said, as a server's heartbeat reports it."""
+    import redis
+
+    from airflow_drl_executor.check import check_servers
+    from airflow_drl_executor.config import ExecutorConfig
+    from policy.transport import Keys
+
+    r = redis.Redis.from_url(redis_url)
+    cfg = ExecutorConfig.from_conf(conf(redis_url, tmp_path))
+    now = float(r.time()[0])
+
+    def beat(name: str, **doc: object) -> None:
+        r.hset(Keys("t").heartbeat, name, json.dumps({"ts": now, "version": "drl:v", "device": "cpu", **doc}))
+
+    beat("a", objective="sla_violation_rate")
+    beat("b")  # a heuristic-only server names none
+    found = check_servers(cfg, r)
+    assert found.status == OK and "a drl:v for sla_violation_rate on cpu" in found.detail, found
+    beat("c", objective="mean_jct")
+    found = check_servers(cfg, r)
+    assert found.status == WARN and "different objectives (mean_jct, sla_violation_rate)" in found.detail, found
+    r.hdel(Keys("t").heartbeat, "c")
+    beat("a", objective="invalid")
+    found = check_servers(cfg, r)
+    assert found.status == WARN and "not one" in found.detail, found
+    r.close()

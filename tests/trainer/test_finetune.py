@@ -155,7 +155,8 @@ def scored(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     ``during()`` while it evaluates the candidate (another fine-tune promoting meanwhile, say)."""
     import trainer.finetune as ft
 
-    def setup(incumbent: dict[str, float], candidate: dict[str, float], during=None) -> None:  # type: ignore[no-untyped-def]
+    def setup(incumbent: dict[str, float], candidate: dict[str, float], during=None,  # type: ignore[no-untyped-def]
+              metric: str = "mean_jct_s") -> None:
         calls: list[str] = []
 
         def evaluate(model, settings, catalogue, args, members=()):  # type: ignore[no-untyped-def]
@@ -163,7 +164,7 @@ def scored(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
             if calls[-1] == "candidate" and during is not None:
                 during()
             table = incumbent if calls[-1] == "incumbent" else candidate
-            return {s.name: {"drl": {"mean_jct_s": table[s.name]}} for s in settings}
+            return {s.name: {"drl": {metric: table[s.name]}} for s in settings}
 
         def choose_teachers(settings, catalogue, args) -> None:  # type: ignore[no-untyped-def]
             for s in settings:
@@ -250,6 +251,34 @@ def test_a_promotion_over_an_incumbent_that_changed_meanwhile_is_not_made(tmp_pa
     assert not report["promoted"] and report["decision"].startswith("not promoted: the active checkpoint changed")
     assert str(other) in report["decision"]
     assert _active(registry) == other and (Path(report["candidate"]) / "manifest.json").exists()
+
+
+def test_the_registry_objective_is_what_candidates_are_trained_and_judged_on(
+        tmp_path: Path, registry: Path, scored) -> None:  # type: ignore[no-untyped-def]
+    """A registry serving for SLA violations (``drl-policy registry activate --objective``) is
+    fine-tuned on them, and the promotion keeps the objective; a command's --objective wins."""
+    activate(registry, _active(registry), objective="sla_violation_rate")
+    scored({"traces-heldout": 0.5}, {"traces-heldout": 0.2}, metric="sla_violation_rate")
+    report = finetune(_args(tmp_path, registry))
+    assert report["objective"] == "sla_violation_rate" and report["config"]["objective"] == "sla_violation_rate"
+    assert report["promoted"], report["decision"]
+    assert json.loads((registry / MANIFEST).read_text())["objective"] == "sla_violation_rate"
+    scored({"traces-heldout": 10.0}, {"traces-heldout": 5.0}, metric="p95_jct_s")
+    assert finetune(_args(tmp_path, registry, objective="p95_jct"))["objective"] == "p95_jct_s"
+    assert json.loads((registry / MANIFEST).read_text())["objective"] == "p95_jct"
+    with pytest.raises(ValueError, match="objective must be one of"):
+        _args(tmp_path, registry, objective="sla")
+
+
+def test_a_promotion_after_the_objective_changed_is_not_made(tmp_path: Path, registry: Path,
+                                                             scored) -> None:  # type: ignore[no-untyped-def]
+    """The operator switches the registry to another objective while the nightly run trains for the
+    old one: its candidate, judged on the old metric, must not be served for the new one."""
+    scored({"traces-heldout": 10.0}, {"traces-heldout": 5.0},
+           during=lambda: activate(registry, _active(registry), objective="p95_jct"))
+    report = finetune(_args(tmp_path, registry))
+    assert not report["promoted"] and "its objective is now p95_jct, not mean_jct" in report["decision"]
+    assert json.loads((registry / MANIFEST).read_text())["objective"] == "p95_jct"
 
 
 def test_the_promotion_holds_the_registry_lock(tmp_path: Path, registry: Path, scored,  # type: ignore[no-untyped-def]
