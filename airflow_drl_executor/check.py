@@ -123,6 +123,7 @@ def check_redis(cfg: Any, timeout_s: float) -> tuple[Finding, Any]:
 
 
 def check_servers(cfg: Any, r: Any) -> Finding:
+    from policy.registry import UNKNOWN_OBJECTIVE
     from policy.transport import Keys, heartbeat_age
 
     keys = Keys(cfg.key_prefix)
@@ -135,6 +136,7 @@ def check_servers(cfg: Any, r: Any) -> Finding:
     live: list[str] = []
     stale: list[str] = []
     objectives: set[str] = set()
+    misconfigured: list[str] = []
     for consumer, raw in sorted(beats.items()):
         name = consumer.decode(errors="replace") if isinstance(consumer, bytes) else str(consumer)
         try:
@@ -149,18 +151,25 @@ def check_servers(cfg: Any, r: Any) -> Finding:
         (live if age <= cfg.server_stale_after_s else stale).append(text)
         if objective and age <= cfg.server_stale_after_s:
             objectives.add(str(objective))
+            given = doc.get("objective_given")
+            if given and given != objective:
+                misconfigured.append(f"{name} was started with --objective {given}")
     if not live:
         why = f"stale: {'; '.join(stale)}" if stale else f"no heartbeat on {keys.heartbeat}"
         return Finding("policy servers", FAIL, f"none live ({why}): every placement falls back to the "
                                                f"heuristic; prefix {cfg.key_prefix!r}")
     extra = f"; stale: {'; '.join(stale)}" if stale else ""
     detail = f"{len(live)} live: {'; '.join(live)}{extra}"
-    if "invalid" in objectives:
-        return Finding("policy servers", WARN, f"{detail}: a registry's active.json names an objective that is "
-                                               "not one (`drl-policy registry show`)")
+    if UNKNOWN_OBJECTIVE in objectives:
+        return Finding("policy servers", WARN, f"{detail}: a registry's active.json does not say a valid "
+                                               "objective (`drl-policy registry show`)")
     if len(objectives) > 1:
         return Finding("policy servers", WARN, f"{detail}: the replicas serve registries of different "
                                                f"objectives ({', '.join(sorted(objectives))})")
+    if misconfigured:
+        return Finding("policy servers", WARN, f"{detail}: {'; '.join(misconfigured)}, not its registry's "
+                                               "objective (`drl-policy registry activate --objective` "
+                                               "switches the registry; or change the servers' setting)")
     return Finding("policy servers", OK, detail)
 
 

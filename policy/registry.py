@@ -8,10 +8,10 @@ Layout (``<root>/active.json``, written atomically by :func:`activate`)::
      "objective": "sla_violation_rate"}   # optional: what the deployment optimises (OBJECTIVES)
 
 The objective is the deployment's, not the checkpoint's: every activation keeps the one the
-manifest had unless it is given (:func:`activate`), the nightly fine-tune trains and judges its
-candidates on it, and the servers report it in their heartbeats. An empty registry is seeded
-with the packaged checkpoint of the objective its first server was given
-(:data:`PACKAGED_CHECKPOINTS`, :func:`ensure_active`).
+manifest had unless it is given (:func:`activate`; a rollback restores the one its history
+entry recorded), the nightly fine-tune trains and judges its candidates on it, and the servers
+report it in their heartbeats. An empty registry is seeded with the packaged checkpoint of the
+objective its first server was given (:data:`PACKAGED_CHECKPOINTS`, :func:`ensure_active`).
 
 The server polls the manifest between batches. When it names a new checkpoint, the registry
 checks the hash (when given), then loads the checkpoint in a background thread through a *loader*
@@ -135,7 +135,7 @@ def activate(root: str | Path, checkpoint: str | Path, *, sha256: str | None = N
     ``objective`` (one of :data:`OBJECTIVES`): None keeps the manifest's (none: the default,
     ``mean_jct``, is not written). Each activation is also appended to ``<root>/history.jsonl``
     (:func:`history`), best effort."""
-    objective = check_objective(objective) if objective is not None else registry_objective(root, explicit=True)
+    objective = check_objective(objective) if objective is not None else kept_objective(Path(root))
     doc: dict[str, str] = {"checkpoint": str(checkpoint)}
     if sha256:
         doc["sha256"] = sha256
@@ -157,6 +157,21 @@ def activate(root: str | Path, checkpoint: str | Path, *, sha256: str | None = N
     except OSError as exc:  # the manifest is what the servers read; the history is for people
         log.warning("registry %s: activated %s but could not append to %s: %s", root, checkpoint, HISTORY, exc)
     return manifest
+
+
+def kept_objective(root: Path) -> str:
+    """The objective an activation without one keeps: the manifest's ("" for none); when the
+    manifest cannot be read or parsed (an activation is how one repairs it), the last one the
+    history recorded. A manifest value that is not an objective raises :class:`ObjectiveError`."""
+    try:
+        return registry_objective(root, explicit=True)
+    except ObjectiveError:
+        raise
+    except CheckpointError as exc:
+        kept = next((e["objective"] for e in reversed(history(root)) if e.get("objective") in OBJECTIVES), "")
+        log.warning("registry %s: %s; keeping the objective the history recorded last (%s)", root, exc,
+                    kept or DEFAULT_OBJECTIVE)
+        return kept
 
 
 def history(root: str | Path) -> list[dict[str, str]]:
@@ -189,7 +204,7 @@ def activation_lock(root: str | Path) -> Iterator[None]:
 
     Taken by writers that decide against the active checkpoint (the nightly fine-tune: re-read it,
     check it is still the incumbent it evaluated against, activate), so two of them cannot both
-    promote over the same incumbent. Servers only read and never take it. ``flock`` is advisory and
+    promote over the same incumbent. Servers take it only to seed an empty registry. ``flock`` is advisory and
     holds across hosts only on a shared file system that supports it (Linux maps it to whole-file
     byte-range locks on NFS).
     """
@@ -254,6 +269,8 @@ DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "default"
 #: nightly fine-tune trains and judges its candidates on the registry's).
 OBJECTIVES = ("mean_jct", "p95_jct", "sla_violation_rate", "cost")
 DEFAULT_OBJECTIVE = "mean_jct"
+#: what a server reports for a manifest that does not say a valid objective
+UNKNOWN_OBJECTIVE = "unknown"
 #: The packaged checkpoint an empty registry is seeded with, per objective: the one with the best
 #: held-out figures on that metric among those measured (docs/policy.md, "Objective presets").
 #: ``sla`` is e3t (``docs/exp-ledger/checkpoints/e3t``, the same files); none measured beats the
@@ -270,21 +287,34 @@ def check_objective(objective: str) -> str:
     return objective
 
 
+class ObjectiveError(CheckpointError):
+    """``active.json`` names an objective that is not one of :data:`OBJECTIVES`."""
+
+
 def registry_objective(root: str | Path, *, explicit: bool = False) -> str:
-    """The objective ``<root>/active.json`` names; :data:`DEFAULT_OBJECTIVE` when it names none
-    (``explicit``: "" then) or cannot be read. A value that is not one of :data:`OBJECTIVES` is an
-    error (a typo must not train the nightly candidates for another metric)."""
+    """The objective ``<root>/active.json`` names; :data:`DEFAULT_OBJECTIVE` when there is no
+    manifest or it names none (``explicit``: "" then). A manifest that cannot be read or parsed is a
+    :class:`CheckpointError` (not the default: the deployment would silently go back to the mean),
+    a value that is not one of :data:`OBJECTIVES` an :class:`ObjectiveError` naming the fix (a
+    typo must not train the nightly candidates for another metric)."""
+    path = Path(root) / MANIFEST
     try:
-        doc = json.loads((Path(root) / MANIFEST).read_bytes().decode())
-    except (OSError, ValueError):
-        doc = None
+        blob = path.read_bytes()
+    except FileNotFoundError:
+        return "" if explicit else DEFAULT_OBJECTIVE
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read: {exc}") from exc
+    try:
+        doc = json.loads(blob.decode())
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: not JSON: {exc}") from exc
     value = doc.get("objective") if isinstance(doc, dict) else None
     if value is None:
         return "" if explicit else DEFAULT_OBJECTIVE
-    if not isinstance(value, str):
-        raise CheckpointError(f"{Path(root) / MANIFEST}.objective: expected one of {', '.join(OBJECTIVES)}, "
-                              f"got {value!r}")
-    return check_objective(value)
+    if not isinstance(value, str) or value not in OBJECTIVES:
+        raise ObjectiveError(f"{path}: objective {value!r} is not one of {', '.join(OBJECTIVES)}; "
+                             f"`drl-policy registry activate --registry {root} --objective O` sets it")
+    return value
 
 
 #: the note of a manifest :func:`ensure_active` wrote
@@ -296,53 +326,56 @@ PACKAGED_DIR = "packaged"
 def ensure_active(root: str | Path, default: str | Path | None = None, *,
                   objective: str = DEFAULT_OBJECTIVE) -> Path | None:
     """Name the packaged checkpoint of ``objective`` (``default``: that one instead) in an empty
-    registry, so a fresh install serves a trained policy from the first request; a registry that
-    already has a manifest is left alone. Returns the manifest.
+    registry, so a fresh install serves a trained policy from the first request, for the
+    objective its first server was given; a registry that already has a manifest is left alone,
+    with a warning when it optimises another objective (``drl-policy registry activate
+    --objective`` switches it: servers given different objectives must not seed over each other's
+    choice at every restart, found by review). Returns the manifest.
 
-    The checkpoint is copied into the registry (:func:`copy_packaged`, named relative to it).
-    A registry seeded by naming the package's folder (the note, an absolute path) is seeded again from the new default.
-    A registry still on a packaged checkpoint seeded for another objective (nobody activated
-    anything since) is seeded again for ``objective``; one whose manifest someone activated keeps
-    it, with a warning when its objective is not ``objective`` (``drl-policy registry activate
-    --objective`` changes it)."""
+    The checkpoint is copied into the registry (:func:`copy_packaged`, named relative to it); a
+    registry seeded by naming the package's own folder (the note, an absolute path) is seeded
+    again. Decided and written under :func:`activation_lock`: a promotion landing meanwhile is
+    not overwritten (found by review)."""
     root = Path(root)
     check_objective(objective)
     try:
-        if (root / MANIFEST).exists():
-            try:
-                doc = json.loads((root / MANIFEST).read_text())
-            except ValueError:
-                return root / MANIFEST  # the registry says what is wrong with it
-            if not isinstance(doc, dict) or doc.get("note") != PACKAGED_NOTE:
-                named = doc.get("objective", DEFAULT_OBJECTIVE) if isinstance(doc, dict) else DEFAULT_OBJECTIVE
-                if named != objective:
-                    log.warning("registry %s optimises %s (its active.json), not the %s this server was given: "
-                                "serving what it names; `drl-policy registry activate --registry %s --objective "
-                                "%s` switches it", root, named, objective, root, objective)
+        if not _needs_seed(root, objective):
+            return root / MANIFEST
+        source = Path(default) if default is not None else PACKAGED_CHECKPOINTS[objective]
+        if not (source / "manifest.json").exists():
+            log.warning("registry %s is empty and there is no packaged checkpoint at %s", root, source)
+            return None
+        copy, sha = copy_packaged(root, source)  # outside the lock: a copy no manifest names yet is harmless
+        with activation_lock(root):
+            if not _needs_seed(root, objective, quiet=True):
                 return root / MANIFEST
-            seeded_for = doc.get("objective", DEFAULT_OBJECTIVE)
-            if Path(str(doc.get("checkpoint", ""))).is_absolute():
-                log.info("registry %s names the package's own default checkpoint: seeding it with a copy", root)
-            elif seeded_for != objective:
-                log.info("registry %s holds the packaged checkpoint for %s: seeding it for %s", root,
-                         seeded_for, objective)
-            else:
-                return root / MANIFEST
-        return activate_packaged(root, objective, default)
+            log.info("registry %s: activating the packaged checkpoint for %s (copied to %s)", root, objective, copy)
+            return activate(root, copy, sha256=sha, note=PACKAGED_NOTE, objective=objective)
     except OSError as exc:  # the caller decides, as for a bad checkpoint (auto: the heuristic)
         raise CheckpointError(f"{root}: cannot read or write the registry: {exc}") from exc
 
 
-def activate_packaged(root: Path, objective: str, checkpoint: str | Path | None = None) -> Path | None:
-    """Activate the packaged checkpoint of ``objective`` (or ``checkpoint``) for ``objective``,
-    copied into ``root`` (:func:`copy_packaged`); None when there is no such checkpoint."""
-    source = Path(checkpoint) if checkpoint is not None else PACKAGED_CHECKPOINTS[objective]
-    if not (source / "manifest.json").exists():
-        log.warning("registry %s is empty and there is no packaged checkpoint at %s", root, source)
-        return None
-    copy, sha = copy_packaged(root, source)
-    log.info("registry %s: activating the packaged checkpoint for %s (copied to %s)", root, objective, copy)
-    return activate(root, copy, sha256=sha, note=PACKAGED_NOTE, objective=objective)
+def _needs_seed(root: Path, objective: str, *, quiet: bool = False) -> bool:
+    """Whether :func:`ensure_active` seeds ``root``: no manifest, or one naming the package's own
+    folder (the seeding before copies)."""
+    try:
+        doc = json.loads((root / MANIFEST).read_text())
+    except FileNotFoundError:
+        return True
+    except ValueError:
+        return False  # the registry says what is wrong with it
+    if not isinstance(doc, dict):
+        return False
+    if doc.get("note") == PACKAGED_NOTE and Path(str(doc.get("checkpoint", ""))).is_absolute():
+        if not quiet:
+            log.info("registry %s names the package's own default checkpoint: seeding it with a copy", root)
+        return True
+    named = doc.get("objective", DEFAULT_OBJECTIVE)
+    if named != objective and not quiet:
+        log.warning("registry %s optimises %s (its active.json), not the %s this server was given: serving "
+                    "what it names; `drl-policy registry activate --registry %s --objective %s` switches it",
+                    root, named, objective, root, objective)
+    return False
 
 
 def copy_packaged(root: Path, source: Path) -> tuple[Path, str]:
@@ -601,16 +634,20 @@ class ModelRegistry:
 
     def objective(self) -> str:
         """The objective the manifest names (:func:`registry_objective`), read at most once a
-        ``poll_s`` (heartbeats and /health ask); ``invalid`` for a value that is not one."""
+        ``poll_s`` (heartbeats and /health ask); ``unknown`` for a manifest that does not say one
+        (a value that is not an objective, a manifest that cannot be read or parsed)."""
         now = self._clock()
         if self._objective is None or now >= self._objective_at:
             self._objective_at = now + self.poll_s
             try:
                 self._objective = registry_objective(self.root)
-            except CheckpointError as exc:
-                if self._objective != "invalid":
+            except ObjectiveError as exc:
+                if self._objective != UNKNOWN_OBJECTIVE:
                     log.error("model registry: %s", exc)
-                self._objective = "invalid"
+                self._objective = UNKNOWN_OBJECTIVE
+            except CheckpointError as exc:  # a manifest that does not read: poll() reports it
+                log.debug("model registry: objective unknown: %s", exc)
+                self._objective = UNKNOWN_OBJECTIVE
         return self._objective
 
     def check(self, path: str | Path, sha256: str = "") -> LoadedModel:

@@ -17,7 +17,7 @@ not exist is an error (a mistyped ``--registry`` would otherwise start a registr
 reads); ``--create`` makes it, group-writable and setgid like the files in it.
 
 ``rollback`` activates the most recent checkpoint of ``<registry>/history.jsonl`` other than the
-active one (by path or by content), with the same checks and the content it had then (a second
+active one (by path or by content), with the same checks, the content and the objective it had then (a second
 rollback goes back again, as ``cd -`` does). Every activation, the nightly fine-tune's too, is
 appended to that history. When the manifest changes while a rollback checks its checkpoint (a
 promotion), the rollback writes nothing and says so.
@@ -25,8 +25,8 @@ promotion), the rollback writes nothing and says so.
 ``--objective`` (mean_jct, p95_jct, sla_violation_rate, cost) sets what the deployment optimises:
 the nightly fine-tune trains and judges its candidates on it, the servers report it. Without a
 CHECKPOINT it activates the packaged checkpoint for that objective (copied into the registry, as
-a server seeds an empty one). Every activation without ``--objective``, a rollback's too, keeps
-the objective the manifest had.
+a server seeds an empty one). Every activation without ``--objective`` keeps the objective the
+manifest had (a rollback: the one its history entry recorded).
 
 Writers hold the registry's activation lock (the fine-tune's promotion takes it too). Exit status:
 0 done, 1 refused (the reason on stderr), 2 usage.
@@ -50,11 +50,13 @@ from policy.registry import (
     OBJECTIVES,
     PACKAGED_CHECKPOINTS,
     ModelRegistry,
+    ObjectiveError,
     activate,
     activation_lock,
     checkpoint_sha256,
     copy_packaged,
     history,
+    kept_objective,
     registry_objective,
     share_tree,
 )
@@ -153,6 +155,8 @@ def activate_checked(root: Path, checkpoint: Path, *, note: str = "", check: boo
     checkpoint = Path(os.path.normpath(checkpoint.absolute()))
     if not (checkpoint / "manifest.json").is_file():
         raise CheckpointError(f"{checkpoint}: not a checkpoint folder (no manifest.json there)")
+    if objective is None:
+        kept_objective(root)  # a manifest value that is not an objective: said before any loading
     actual = _sha(checkpoint)
     if sha256 and actual != sha256:
         raise CheckpointError(f"{checkpoint}: its files changed since it was active (sha256 {sha256[:12]}... "
@@ -199,10 +203,13 @@ def rollback(root: Path, *, note: str = "", device: str = "cpu") -> dict[str, An
             continue
         path = _where(root, entry["checkpoint"])
         why = note or f"rollback from {now[0] if now else 'nothing'}"
+        # the objective it had then (an objective switched by mistake is undone with its checkpoint);
+        # an entry from before objectives keeps today's
+        objective = entry.get("objective") if entry.get("objective") in OBJECTIVES else None
         try:
             return activate_checked(root, path, note=why, device=device, sha256=entry.get("sha256", ""),
-                                    unless_changed=now, named_as=entry["checkpoint"])
-        except RegistryChanged:
+                                    unless_changed=now, named_as=entry["checkpoint"], objective=objective)
+        except (RegistryChanged, ObjectiveError):  # the registry's fault, not the checkpoint's
             raise
         except CheckpointError as exc:
             raise CheckpointError(f"the previous checkpoint in {root / HISTORY} ({entry['checkpoint']}, active "

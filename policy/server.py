@@ -462,7 +462,8 @@ class PolicyServer:
         UTF-8, or a heartbeat of "[" x 100,000, raised out of here and every replica went down)."""
         self._sync_clock(r)
         beat = json.dumps({"ts": self.redis_now(), "version": self.version, "device": self.device,
-                           "objective": self.objective(), "pid": os.getpid(), "handled": self.handled})
+                           "objective": self.objective(), "objective_given": self._objective_given(),
+                           "pid": os.getpid(), "handled": self.handled})
         r.hset(self.keys.heartbeat, self.config.consumer, beat)
         self.cache.expire()
         self.metrics.graph_cache_entries.set(len(self.cache))
@@ -779,8 +780,13 @@ class PolicyServer:
 
     def objective(self) -> str | None:
         """What the registry's manifest says the deployment optimises (None: no registry, the
-        heuristic; ``invalid`` when the manifest's value is not one of the objectives)."""
+        heuristic; ``unknown`` when the manifest does not say a valid one)."""
         return self.registry.objective() if self.registry is not None else None
+
+    def _objective_given(self) -> str | None:
+        """``--objective`` (what this replica seeds an empty registry for; None without a registry):
+        reported beside the registry's, so replicas started for another objective are seen."""
+        return self.config.objective if self.registry is not None else None
 
     def health(self) -> dict[str, Any]:
         return {
@@ -790,6 +796,7 @@ class PolicyServer:
             "checkpoint": self.checkpoint,
             "device": self.device,
             "objective": self.objective(),
+            "objective_given": self._objective_given(),
             "cp_gate": getattr(self.placer, "cp_gate", None),  # the GNN's premium gate (None: no GNN)
             "cp_gate_scope": getattr(self.placer, "cp_gate_scope", None),
             "consumer": self.config.consumer,

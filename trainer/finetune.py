@@ -54,6 +54,7 @@ from policy.errors import CheckpointError
 from policy.gnn import cp_gate_of, cp_gate_scope_of, premium_ratio_of, reserve_busy_of
 from policy.inputs import untrained_since
 from policy.registry import (
+    UNKNOWN_OBJECTIVE,
     ModelRegistry,
     ServingCheckpoint,
     activate,
@@ -145,7 +146,7 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
     registry = Path(a.registry)
     # the deployment's objective (the registry's), unless the command names one (then promoting
     # makes it the registry's)
-    objective_then = registry_objective(registry)
+    objective_then = _objective_of(registry, required=not a.objective)
     a = dataclasses.replace(a, objective=a.objective or objective_then)
     serving = ModelRegistry(registry).serving_checkpoint()
     incumbent = load_checkpoint(serving.path)
@@ -237,10 +238,7 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
                 changed = f"the servers now serve {now.path} ({now.sha256[:12]})"
             except CheckpointError as exc:  # it served when we started: something changed it
                 now, changed = None, f"the registry names no checkpoint that serves ({exc})"
-            try:
-                objective_now = registry_objective(registry)
-            except CheckpointError as exc:
-                objective_now = str(exc)
+            objective_now = _objective_of(registry, required=False)
             if now == serving and objective_now != objective_then:
                 now, changed = None, f"its objective is now {objective_now}, not {objective_then}"
             if now == serving:
@@ -262,6 +260,17 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
         report["decision"] = (f"kept the incumbent: held-out {metric} {gain:+.1%} (need >= "
                               f"{a.min_improvement:+.1%}), worst guard {worst:+.1%} (allowed {a.max_regression:+.1%})")
     return _finish(report, out, t0)
+
+
+def _objective_of(registry: Path, *, required: bool) -> str:
+    """The registry's objective; when not ``required`` (the command names its own), a manifest
+    that does not say a valid one reads as ``unknown`` instead of ending the run (found by review)."""
+    try:
+        return registry_objective(registry)
+    except CheckpointError:
+        if required:
+            raise
+        return UNKNOWN_OBJECTIVE
 
 
 def _change(inc: float, cand: float) -> float:

@@ -192,7 +192,10 @@ def test_each_servers_objective_is_shown_and_replicas_that_disagree_are_a_warnin
     found = check_servers(cfg, r)
     assert found.status == WARN and "different objectives (mean_jct, sla_violation_rate)" in found.detail, found
     r.hdel(Keys("t").heartbeat, "c")
-    beat("a", objective="invalid")
+    beat("a", objective="unknown")
     found = check_servers(cfg, r)
-    assert found.status == WARN and "not one" in found.detail, found
+    assert found.status == WARN and "does not say a valid objective" in found.detail, found
+    beat("a", objective="mean_jct", objective_given="sla_violation_rate")
+    found = check_servers(cfg, r)
+    assert found.status == WARN and "a was started with --objective sla_violation_rate" in found.detail, found
     r.close()

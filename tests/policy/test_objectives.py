@@ -64,23 +64,17 @@ def test_an_empty_registry_is_seeded_for_its_objective(tmp_path: Path) -> None:
     assert registry_objective(tmp_path) == "sla_violation_rate"
 
 
-def test_a_packaged_seed_is_seeded_again_for_another_objective_but_an_activation_is_kept(
+def test_a_registry_with_a_manifest_keeps_its_objective_with_a_warning(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Servers given different objectives must not seed over each other's choice at every restart
+    (found by review: the last replica to start flipped the whole fleet's model)."""
     ensure_active(tmp_path)  # mean_jct: the default
-    assert manifest(tmp_path)["objective"] == "mean_jct"
-    assert manifest(tmp_path)["sha256"] == checkpoint_sha256(DEFAULT_CHECKPOINT)
-    ensure_active(tmp_path, objective="sla_violation_rate")  # the deployment's setting changed
-    assert manifest(tmp_path)["objective"] == "sla_violation_rate"
-    assert manifest(tmp_path)["sha256"] == checkpoint_sha256(PACKAGED_CHECKPOINTS["sla_violation_rate"])
-    ensure_active(tmp_path, objective="sla_violation_rate")  # again: nothing to do
-    assert len(history(tmp_path)) == 2
-
-    activate(tmp_path, manifest(tmp_path)["checkpoint"], note="nightly fine-tune")  # someone's choice
+    seeded = manifest(tmp_path)
+    assert seeded["objective"] == "mean_jct" and seeded["sha256"] == checkpoint_sha256(DEFAULT_CHECKPOINT)
     with caplog.at_level(logging.WARNING, logger="policy.registry"):
-        ensure_active(tmp_path, objective="p95_jct")
-    assert manifest(tmp_path)["note"] == "nightly fine-tune", "left alone"
-    assert manifest(tmp_path)["objective"] == "sla_violation_rate"
-    assert "optimises sla_violation_rate" in caplog.text and "--objective p95_jct" in caplog.text
+        ensure_active(tmp_path, objective="sla_violation_rate")
+    assert manifest(tmp_path) == seeded and len(history(tmp_path)) == 1
+    assert "optimises mean_jct" in caplog.text and "--objective sla_violation_rate" in caplog.text
 
 
 def test_every_activation_keeps_the_objective_unless_it_is_given(tmp_path: Path) -> None:
@@ -97,12 +91,12 @@ def test_every_activation_keeps_the_objective_unless_it_is_given(tmp_path: Path)
 
 def test_a_manifest_naming_no_objective_we_know_is_an_error_not_the_mean(tmp_path: Path) -> None:
     (tmp_path / MANIFEST).write_text(json.dumps({"checkpoint": "a", "objective": "sla"}))
-    with pytest.raises(CheckpointError, match="objective must be one of"):
+    with pytest.raises(CheckpointError, match="objective 'sla' is not one of"):
         registry_objective(tmp_path)
     registry = ModelRegistry(tmp_path)
-    assert registry.objective() == "invalid"
+    assert registry.objective() == "unknown"
     (tmp_path / MANIFEST).write_text(json.dumps({"checkpoint": "a", "objective": ["p95_jct"]}))
-    with pytest.raises(CheckpointError, match="expected one of"):
+    with pytest.raises(CheckpointError, match=r"objective \['p95_jct'\] is not one of"):
         registry_objective(tmp_path)
 
 
@@ -171,3 +165,153 @@ def test_a_server_seeds_and_reports_its_objective(tmp_path: Path, start_server, 
     beat = json.loads(r.hget(key, "obj-1") or b"{}")
     assert beat["objective"] == "sla_violation_rate" and beat["version"] == rs.server.version
     assert start_server(consumer="obj-2", placer=None).server.health()["objective"] is None  # the heuristic
+
+
+# --- found by review of the first version (each failed on it) ----------------------------------
+
+
+def test_seeding_an_empty_registry_waits_for_the_activation_lock(tmp_path: Path) -> None:
+    import threading
+
+    from policy.registry import activation_lock
+
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (ensure_active(tmp_path, objective="sla_violation_rate"), done.set()),
+                              daemon=True)
+    with activation_lock(tmp_path):  # a promotion, or the CLI, in the middle of its critical section
+        worker.start()
+        assert not done.wait(1.0), "seeded while another writer held the lock"
+    worker.join(30)
+    assert done.is_set() and manifest(tmp_path)["objective"] == "sla_violation_rate"
+
+
+def test_an_activation_landing_while_a_server_seeds_is_not_overwritten(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import policy.registry as registry_mod
+
+    real_copy = registry_mod.copy_packaged
+
+    def copy_during_an_activation(root: Path, source: Path):  # type: ignore[no-untyped-def]
+        out = real_copy(root, source)
+        activate(root, "elsewhere", sha256="ab" * 32, note="by hand", objective="p95_jct")
+        return out
+
+    monkeypatch.setattr(registry_mod, "copy_packaged", copy_during_an_activation)
+    ensure_active(tmp_path, objective="sla_violation_rate")
+    assert manifest(tmp_path)["note"] == "by hand" and manifest(tmp_path)["objective"] == "p95_jct"
+
+
+def test_replicas_started_for_another_objective_than_their_registry_are_a_warning(
+        tmp_path: Path, start_server, redis_url: str) -> None:
+    """The first replica seeds the registry; one started with another --objective serves what the
+    registry names (no flip at each restart) and says in its heartbeat what it was given, so
+    `airflow drl-executor check` warns."""
+    import time
+    from types import SimpleNamespace
+
+    import redis
+
+    from airflow_drl_executor.check import WARN, check_servers
+    from policy.transport import Keys
+
+    start_server(consumer="r-mean", placer=None, registry=str(tmp_path), objective="mean_jct")
+    sla = start_server(consumer="r-sla", placer=None, registry=str(tmp_path), objective="sla_violation_rate")
+    assert [e["objective"] for e in history(tmp_path)] == ["mean_jct"]
+    assert sla.server.health()["objective"] == "mean_jct"
+    assert sla.server.health()["objective_given"] == "sla_violation_rate"
+    r = redis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + 10
+    while r.hlen(Keys("t").heartbeat) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    found = check_servers(SimpleNamespace(key_prefix="t", server_stale_after_s=30.0), r)
+    r.close()
+    assert found.status == WARN and "r-sla was started with --objective sla_violation_rate" in found.detail, found
+
+
+def _typo(root: Path) -> None:
+    doc = manifest(root)
+    doc["objective"] = "sla"  # a hand edit
+    (root / MANIFEST).write_text(json.dumps(doc))
+
+
+def test_a_manifest_objective_that_is_not_one_is_said_where_it_is(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """was: "objective must be one of ..., got 'sla'" from an activate given no objective, and a
+    rollback that blamed the (good) checkpoint it rolled back to after loading it."""
+    ensure_active(tmp_path)
+    assert cli("activate", "--registry", str(tmp_path), "--no-check", str(DEFAULT_CHECKPOINT.parent / "sla")) == 0
+    _typo(tmp_path)
+    assert cli("activate", "--registry", str(tmp_path), "--no-check", str(DEFAULT_CHECKPOINT)) == 1
+    err = capsys.readouterr().err
+    assert "active.json: objective 'sla' is not one of" in err and "--objective O" in err, err
+    # a rollback to an entry that recorded no objective keeps today's, which is not one
+    entries = (tmp_path / "history.jsonl").read_text().replace('"objective": "mean_jct"', '"other": 1')
+    (tmp_path / "history.jsonl").write_text(entries)
+    assert cli("rollback", "--registry", str(tmp_path)) == 1
+    err = capsys.readouterr().err
+    assert "would be refused" not in err, err
+    # given an objective, the activation repairs it
+    assert cli("activate", "--registry", str(tmp_path), "--no-check", "--objective", "mean_jct",
+               str(DEFAULT_CHECKPOINT)) == 0
+    assert registry_objective(tmp_path) == "mean_jct"
+
+
+def test_an_activation_over_a_manifest_that_does_not_parse_keeps_the_recorded_objective(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """was: read as no objective, so the next activation silently made the deployment mean_jct;
+    the servers reported mean_jct for it too."""
+    activate(tmp_path, "x", objective="sla_violation_rate")
+    (tmp_path / MANIFEST).write_text('{"checkpoint": "x", "objective": "sla_violation_rate"')  # cut short
+    assert ModelRegistry(tmp_path).objective() == "unknown"
+    with pytest.raises(CheckpointError, match="not JSON"):
+        registry_objective(tmp_path)
+    assert cli("activate", "--registry", str(tmp_path), "--no-check", str(DEFAULT_CHECKPOINT)) == 0
+    capsys.readouterr()
+    assert manifest(tmp_path)["objective"] == "sla_violation_rate"
+
+
+def test_a_rollback_restores_the_objective_its_history_entry_recorded(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    ensure_active(tmp_path)  # mean_jct
+    assert cli("activate", "--registry", str(tmp_path), "--objective", "sla_violation_rate") == 0
+    assert cli("rollback", "--registry", str(tmp_path)) == 0
+    capsys.readouterr()
+    assert manifest(tmp_path)["sha256"] == history(tmp_path)[0]["sha256"]
+    assert registry_objective(tmp_path) == "mean_jct"
+
+
+def _finetune_registry(tmp_path: Path) -> Path:
+    import shutil
+
+    incumbent = tmp_path / "models" / "default"
+    shutil.copytree(DEFAULT_CHECKPOINT, incumbent)
+    reg = tmp_path / "registry"
+    activate(reg, incumbent)
+    return reg
+
+
+def _finetune_args(tmp_path: Path, reg: Path, **kw: object):  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    from policy.replay import ReplayRun, write_replay
+    from trainer.finetune import FinetuneArgs
+    from trainer.workloads import seed_dataset
+
+    graphs = [g for g in seed_dataset("mlpipeline", np.random.default_rng(0)) if len(g.tasks) <= 20][:8]
+    path = tmp_path / "replay.jsonl"
+    write_replay(path, [ReplayRun(g, 10.0 * i) for i, g in enumerate(graphs)])
+    base = dict(replay=str(path), registry=str(reg), minutes=0.05, iters=1, runs=4, eval_runs=4,
+                eval_streams=1, guard="", min_runs=100)  # min_runs: stops before any training
+    base.update(kw)
+    return FinetuneArgs(**base)  # type: ignore[arg-type]
+
+
+def test_the_fine_tune_names_the_manifest_whose_objective_is_not_one_unless_given_its_own(tmp_path: Path) -> None:
+    from trainer.finetune import finetune
+
+    reg = _finetune_registry(tmp_path)
+    activate(reg, manifest(reg)["checkpoint"], objective="p95_jct")
+    _typo(reg)
+    with pytest.raises(CheckpointError, match="active.json: objective 'sla'"):
+        finetune(_finetune_args(tmp_path, reg))
+    assert finetune(_finetune_args(tmp_path, reg, objective="p95_jct"))["config"]["objective"] == "p95_jct"
