@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from policy.errors import PolicyError
 from policy.features import HOLD_RATIO, check_gate_scope, check_hold_ratio, check_premium_ratio
-from policy.registry import DEFAULT_OBJECTIVE, OBJECTIVES
+from policy.registry import OBJECTIVES
 from policy.transport import DEFAULT_PREFIX, check_ca_cert, redacted_url
 
 ENV_PREFIX = "DRL_POLICY_"
@@ -56,11 +56,12 @@ class ServerConfig:
     registry: str | None = None
     #: Seconds between checks of the registry manifest for a new active checkpoint.
     registry_poll_s: float = 2.0
-    #: What the deployment optimises (mean_jct, p95_jct, sla_violation_rate, cost): an empty
-    #: registry is seeded with the packaged checkpoint for it (sla_violation_rate: the SLA model;
-    #: the others: the default), and the nightly fine-tune trains for the registry's. A registry
-    #: someone activated keeps its own (``drl-policy registry activate --objective`` changes it).
-    objective: str = DEFAULT_OBJECTIVE
+    #: What the deployment optimises (mean_jct, p95_jct, sla_violation_rate, cost; unset: mean_jct
+    #: for an empty registry): an empty registry is seeded with the packaged checkpoint for it
+    #: (sla_violation_rate: the SLA model; the others: the default), and the nightly fine-tune
+    #: trains for the registry's. A registry with a manifest keeps its own, with a warning when it
+    #: is not this (``drl-policy registry activate --objective`` changes it).
+    objective: str | None = None
     #: Torch device for the model: ``auto`` (CUDA when available), ``cpu`` or ``cuda[:N]``.
     device: str = "auto"
     #: Torch intra-op threads of this replica's model (0: torch's default, one per core). One
@@ -155,7 +156,7 @@ class ServerConfig:
             raise ConfigError("consumer: must not be empty")
         if self.placer not in PLACERS:
             raise ConfigError(f"placer: expected one of {PLACERS}, got {self.placer!r}")
-        if self.objective not in OBJECTIVES:
+        if self.objective is not None and self.objective not in OBJECTIVES:
             raise ConfigError(f"objective: expected one of {OBJECTIVES}, got {self.objective!r}")
         if self.placer == "gnn" and not self.registry:
             raise ConfigError("placer: 'gnn' needs a registry folder (--registry)")

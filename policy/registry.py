@@ -159,6 +159,15 @@ def activate(root: str | Path, checkpoint: str | Path, *, sha256: str | None = N
     return manifest
 
 
+def deployment_objective(root: str | Path) -> str:
+    """What the deployment optimises: the manifest's objective (:func:`registry_objective`), or, when
+    the manifest cannot be read or parsed, the last one the history recorded (the servers then
+    serve the last good checkpoint, and the nightly fine-tune starts from it as before, found by
+    review); :data:`DEFAULT_OBJECTIVE` when neither names one. A manifest value that is not an
+    objective raises :class:`ObjectiveError`."""
+    return kept_objective(Path(root)) or DEFAULT_OBJECTIVE
+
+
 def kept_objective(root: Path) -> str:
     """The objective an activation without one keeps: the manifest's ("" for none); when the
     manifest cannot be read or parsed (an activation is how one repairs it), the last one the
@@ -308,7 +317,9 @@ def registry_objective(root: str | Path, *, explicit: bool = False) -> str:
         doc = json.loads(blob.decode())
     except ValueError as exc:
         raise CheckpointError(f"{path}: not JSON: {exc}") from exc
-    value = doc.get("objective") if isinstance(doc, dict) else None
+    if not isinstance(doc, dict):  # names no checkpoint either (found by review: read as mean_jct)
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(doc).__name__}")
+    value = doc.get("objective")
     if value is None:
         return "" if explicit else DEFAULT_OBJECTIVE
     if not isinstance(value, str) or value not in OBJECTIVES:
@@ -324,7 +335,7 @@ PACKAGED_DIR = "packaged"
 
 
 def ensure_active(root: str | Path, default: str | Path | None = None, *,
-                  objective: str = DEFAULT_OBJECTIVE) -> Path | None:
+                  objective: str | None = None) -> Path | None:
     """Name the packaged checkpoint of ``objective`` (``default``: that one instead) in an empty
     registry, so a fresh install serves a trained policy from the first request, for the
     objective its first server was given; a registry that already has a manifest is left alone,
@@ -337,9 +348,10 @@ def ensure_active(root: str | Path, default: str | Path | None = None, *,
     again. Decided and written under :func:`activation_lock`: a promotion landing meanwhile is
     not overwritten (found by review)."""
     root = Path(root)
-    check_objective(objective)
+    given = check_objective(objective) if objective is not None else None
+    objective = given or DEFAULT_OBJECTIVE
     try:
-        if not _needs_seed(root, objective):
+        if not _needs_seed(root, given):
             return root / MANIFEST
         source = Path(default) if default is not None else PACKAGED_CHECKPOINTS[objective]
         if not (source / "manifest.json").exists():
@@ -347,7 +359,7 @@ def ensure_active(root: str | Path, default: str | Path | None = None, *,
             return None
         copy, sha = copy_packaged(root, source)  # outside the lock: a copy no manifest names yet is harmless
         with activation_lock(root):
-            if not _needs_seed(root, objective, quiet=True):
+            if not _needs_seed(root, given, quiet=True):  # another replica seeded meanwhile
                 return root / MANIFEST
             log.info("registry %s: activating the packaged checkpoint for %s (copied to %s)", root, objective, copy)
             return activate(root, copy, sha256=sha, note=PACKAGED_NOTE, objective=objective)
@@ -355,9 +367,10 @@ def ensure_active(root: str | Path, default: str | Path | None = None, *,
         raise CheckpointError(f"{root}: cannot read or write the registry: {exc}") from exc
 
 
-def _needs_seed(root: Path, objective: str, *, quiet: bool = False) -> bool:
+def _needs_seed(root: Path, objective: str | None, *, quiet: bool = False) -> bool:
     """Whether :func:`ensure_active` seeds ``root``: no manifest, or one naming the package's own
-    folder (the seeding before copies)."""
+    folder (the seeding before copies). A manifest of another objective than the one the server
+    was given (``objective``; None: none given) is kept, with a warning (``quiet``: no info log)."""
     try:
         doc = json.loads((root / MANIFEST).read_text())
     except FileNotFoundError:
@@ -371,7 +384,7 @@ def _needs_seed(root: Path, objective: str, *, quiet: bool = False) -> bool:
             log.info("registry %s names the package's own default checkpoint: seeding it with a copy", root)
         return True
     named = doc.get("objective", DEFAULT_OBJECTIVE)
-    if named != objective and not quiet:
+    if objective is not None and named != objective:  # also when another replica seeded meanwhile
         log.warning("registry %s optimises %s (its active.json), not the %s this server was given: serving "
                     "what it names; `drl-policy registry activate --registry %s --objective %s` switches it",
                     root, named, objective, root, objective)
@@ -387,9 +400,12 @@ def copy_packaged(root: Path, source: Path) -> tuple[Path, str]:
     copy = Path(PACKAGED_DIR) / sha[:12]
     if not (root / copy).exists():
         (root / PACKAGED_DIR).mkdir(parents=True, exist_ok=True)
+        # the group's whatever the umask (found by review: under 077 the servers, another user of
+        # the group, could not reach packaged/ and refused what the CLI had activated)
+        share_tree(root / PACKAGED_DIR, recursive=False)
         staging = Path(tempfile.mkdtemp(prefix=f".{sha[:12]}.", dir=root / PACKAGED_DIR))
         shutil.copytree(source, staging, dirs_exist_ok=True)
-        os.chmod(staging, 0o775)  # mkdtemp's 0700 would hide it from servers of another user
+        share_tree(staging)  # mkdtemp's 0700 would hide it from servers of another user
         try:
             os.rename(staging, root / copy)  # whole or not at all; a replica starting beside us
         except OSError:

@@ -44,6 +44,7 @@ from typing import Any
 
 from policy.errors import CheckpointError
 from policy.registry import (
+    DEFAULT_OBJECTIVE,
     HISTORY,
     LAST_GOOD,
     MANIFEST,
@@ -130,17 +131,19 @@ def _named(root: Path, checkpoint: Path) -> Path:
     return absolute
 
 
-def _active(root: Path) -> tuple[str, str] | None:
-    """(checkpoint as named, sha256) of ``root``'s manifest, None without one."""
+def _active(root: Path) -> tuple[str, str, str] | None:
+    """(checkpoint as named, sha256, objective as written) of ``root``'s manifest, None without one
+    (the objective too: a switch of the objective alone is a change a rollback must not overwrite,
+    found by review)."""
     doc = _read(root / MANIFEST)
     if isinstance(doc, dict) and isinstance(doc.get("checkpoint"), str):
-        return doc["checkpoint"], str(doc.get("sha256") or "")
+        return doc["checkpoint"], str(doc.get("sha256") or ""), str(doc.get("objective") or DEFAULT_OBJECTIVE)
     return None
 
 
 def activate_checked(root: Path, checkpoint: Path, *, note: str = "", check: bool = True,
                      device: str = "cpu", sha256: str = "",
-                     unless_changed: tuple[str, str] | None | bool = False,
+                     unless_changed: tuple[str, str, str] | None | bool = False,
                      named_as: str = "", objective: str | None = None) -> dict[str, Any]:
     """Check ``checkpoint`` (unless ``check`` is false) and name it in ``root``'s manifest with its
     sha256; raises :class:`CheckpointError` (the registry untouched) when it would be refused.
@@ -192,7 +195,10 @@ def rollback(root: Path, *, note: str = "", device: str = "cpu") -> dict[str, An
     now = _active(root)
 
     def same(entry: dict[str, str]) -> bool:
-        if now is None:
+        """The active deployment: the same checkpoint (by content or path) for the same objective
+        (mean_jct, p95_jct and cost share the packaged default: a switch of the objective alone is
+        undone too, found by review)."""
+        if now is None or (entry.get("objective") or DEFAULT_OBJECTIVE) != now[2]:
             return False
         if entry.get("sha256") and entry["sha256"] == now[1]:
             return True
@@ -204,8 +210,12 @@ def rollback(root: Path, *, note: str = "", device: str = "cpu") -> dict[str, An
         path = _where(root, entry["checkpoint"])
         why = note or f"rollback from {now[0] if now else 'nothing'}"
         # the objective it had then (an objective switched by mistake is undone with its checkpoint);
-        # an entry from before objectives keeps today's
-        objective = entry.get("objective") if entry.get("objective") in OBJECTIVES else None
+        # an entry that names none was a mean_jct deployment (found by review: it kept today's)
+        objective = entry.get("objective") or DEFAULT_OBJECTIVE
+        if objective not in OBJECTIVES:
+            raise ObjectiveError(f"{root / HISTORY}: the entry of {entry['checkpoint']} (active since "
+                                 f"{entry.get('at', '?')}) names objective {objective!r}, not one of "
+                                 f"{', '.join(OBJECTIVES)}; activate the one you want with --objective")
         try:
             return activate_checked(root, path, note=why, device=device, sha256=entry.get("sha256", ""),
                                     unless_changed=now, named_as=entry["checkpoint"], objective=objective)

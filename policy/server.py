@@ -786,7 +786,7 @@ class PolicyServer:
     def _objective_given(self) -> str | None:
         """``--objective`` (what this replica seeds an empty registry for; None without a registry):
         reported beside the registry's, so replicas started for another objective are seen."""
-        return self.config.objective if self.registry is not None else None
+        return self.config.objective if self.registry is not None else None  # None: not given
 
     def health(self) -> dict[str, Any]:
         return {

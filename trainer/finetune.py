@@ -56,12 +56,13 @@ from policy.inputs import untrained_since
 from policy.registry import (
     UNKNOWN_OBJECTIVE,
     ModelRegistry,
+    ObjectiveError,
     ServingCheckpoint,
     activate,
     activation_lock,
     check_objective,
     checkpoint_sha256,
-    registry_objective,
+    deployment_objective,
     share_tree,
 )
 from trainer.train import (
@@ -263,11 +264,13 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
 
 
 def _objective_of(registry: Path, *, required: bool) -> str:
-    """The registry's objective; when not ``required`` (the command names its own), a manifest
-    that does not say a valid one reads as ``unknown`` instead of ending the run (found by review)."""
+    """The deployment's objective (:func:`~policy.registry.deployment_objective`: the manifest's,
+    or the history's when the manifest does not parse, the fine-tune then starting from the last
+    good checkpoint as before, found by review); when not ``required`` (the command names its own),
+    a manifest value that is not an objective reads as ``unknown`` instead of ending the run."""
     try:
-        return registry_objective(registry)
-    except CheckpointError:
+        return deployment_objective(registry)
+    except ObjectiveError:
         if required:
             raise
         return UNKNOWN_OBJECTIVE
