@@ -2,7 +2,7 @@
 
     drl-policy registry show     --registry DIR                 # JSON: active, last good, serving, history
     drl-policy registry activate --registry DIR CHECKPOINT [--objective O] [--note TEXT] [--no-check] [--create]
-    drl-policy registry activate --registry DIR --objective O   # the packaged checkpoint for O
+    drl-policy registry activate --registry DIR --objective O   # what is served now, for objective O
     drl-policy registry rollback --registry DIR [--note TEXT]   # the checkpoint active before this one
 
 ``activate`` takes ``CHECKPOINT`` as a path from the current directory (``active.json`` takes paths
@@ -17,16 +17,17 @@ not exist is an error (a mistyped ``--registry`` would otherwise start a registr
 reads); ``--create`` makes it, group-writable and setgid like the files in it.
 
 ``rollback`` activates the most recent checkpoint of ``<registry>/history.jsonl`` other than the
-active one (by path or by content), with the same checks, the content and the objective it had then (a second
-rollback goes back again, as ``cd -`` does). Every activation, the nightly fine-tune's too, is
+active one (by path or by content), with the same checks, the content and the objective it had
+then (a second rollback goes back again, as ``cd -`` does). Every activation, the nightly fine-tune's too, is
 appended to that history. When the manifest changes while a rollback checks its checkpoint (a
 promotion), the rollback writes nothing and says so.
 
 ``--objective`` (mean_jct, p95_jct, sla_violation_rate, cost) sets what the deployment optimises:
 the nightly fine-tune trains and judges its candidates on it, the servers report it. Without a
-CHECKPOINT it activates the packaged checkpoint for that objective (copied into the registry, as
-a server seeds an empty one). Every activation without ``--objective`` keeps the objective the
-manifest had (a rollback: the one its history entry recorded).
+CHECKPOINT it activates the checkpoint the servers serve now for that objective (in an empty
+registry: the packaged one for it, copied into the registry, as a server seeds one). Every
+activation without ``--objective`` keeps the objective the manifest had (a rollback: the one its
+history entry recorded).
 
 Writers hold the registry's activation lock (the fine-tune's promotion takes it too). Exit status:
 0 done, 1 refused (the reason on stderr), 2 usage.
@@ -79,8 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for p in (show, act, back):
         p.add_argument("--registry", required=True, help="the model registry folder")
     act.add_argument("checkpoint", nargs="?", default=None,
-                     help="checkpoint folder, as a path from the current directory (none: the packaged "
-                          "checkpoint for --objective)")
+                     help="checkpoint folder, as a path from the current directory (none: the one served "
+                          "now, for --objective)")
     act.add_argument("--objective", default=None, choices=OBJECTIVES,
                      help="what the deployment optimises (default: keep the registry's)")
     for p in (act, back):
@@ -248,16 +249,24 @@ def run(args: argparse.Namespace) -> int:
         elif args.action == "activate":
             if args.checkpoint is None and args.objective is None:
                 raise CheckpointError("name a CHECKPOINT, or --objective for the packaged checkpoint of that objective")
-            if args.checkpoint is None:  # a copy inside the registry: an upgrade replaces the package's
-                if not root.is_dir():
-                    raise CheckpointError(f"{root}: no such registry folder (--create makes one)")
-                checkpoint = root / copy_packaged(root, PACKAGED_CHECKPOINTS[args.objective])[0]
-            else:
+            sha256 = ""
+            unless_changed: tuple[str, str, str] | None | bool = False
+            if args.checkpoint is not None:
                 checkpoint = Path(args.checkpoint)
-            # not the seeding's note: a server given another --objective re-seeds only its own seeds
-            note = args.note or (f"packaged checkpoint for {args.objective}" if args.checkpoint is None else "")
+            elif not root.is_dir():
+                raise CheckpointError(f"{root}: no such registry folder (--create makes one)")
+            elif (root / MANIFEST).exists() or (root / LAST_GOOD).exists():
+                # the objective alone: what the servers serve now, for it (the nightly fine-tune
+                # moves it towards the new objective from there)
+                unless_changed = _active(root)  # a promotion landing meanwhile is not undone
+                serving = ModelRegistry(root).serving_checkpoint()
+                checkpoint, sha256 = serving.path, serving.sha256
+            else:  # an empty registry: the packaged checkpoint for it, copied inside (an upgrade
+                # replaces the package's own folder)
+                checkpoint = root / copy_packaged(root, PACKAGED_CHECKPOINTS[args.objective])[0]
+            note = args.note or (f"objective {args.objective}" if args.checkpoint is None else "")
             doc = activate_checked(root, checkpoint, note=note, check=not args.no_check, device=args.device,
-                                   objective=args.objective)
+                                   objective=args.objective, sha256=sha256, unless_changed=unless_changed)
         else:
             doc = rollback(root, note=args.note, device=args.device)
     except (CheckpointError, OSError, ValueError) as exc:  # ValueError: a path with a NUL, say

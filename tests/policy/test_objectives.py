@@ -48,21 +48,31 @@ def cli(*argv: str) -> int:
     return registry_run(parser.parse_args(list(argv)))
 
 
-def test_the_packaged_sla_checkpoint_is_the_measured_e3t_and_loads() -> None:
-    """The README's SLA figures were measured on docs/exp-ledger/checkpoints/e3t: the packaged
-    checkpoint must be those very files (a retrained or edited copy would not carry them)."""
-    sla = PACKAGED_CHECKPOINTS["sla_violation_rate"]
-    assert sla != DEFAULT_CHECKPOINT
-    assert checkpoint_sha256(sla) == checkpoint_sha256(REPO / "docs" / "exp-ledger" / "checkpoints" / "e3t")
-    assert PACKAGED_CHECKPOINTS["mean_jct"] == DEFAULT_CHECKPOINT
-    placer = gnn_loader(sla, "cpu")
-    assert placer.name == "drl" and placer.version == "ensemble-f2c6ff0e7d15"
+E3T = REPO / "docs" / "exp-ledger" / "checkpoints" / "e3t"  # another checkpoint for an objective
 
 
-def test_an_empty_registry_is_seeded_for_its_objective(tmp_path: Path) -> None:
+@pytest.fixture
+def sla_preset(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A packaged checkpoint of its own for sla_violation_rate (none is packaged: docs/policy.md,
+    "Objectives as configuration"), to see the seeding take the objective's."""
+    import policy.registry as registry_mod
+
+    monkeypatch.setitem(registry_mod.PACKAGED_CHECKPOINTS, "sla_violation_rate", E3T)
+    return E3T
+
+
+def test_every_objective_has_a_packaged_checkpoint_that_loads() -> None:
+    from policy.registry import OBJECTIVES
+
+    assert set(PACKAGED_CHECKPOINTS) == set(OBJECTIVES)
+    for path in set(PACKAGED_CHECKPOINTS.values()):
+        assert gnn_loader(path, "cpu").name == "drl"
+
+
+def test_an_empty_registry_is_seeded_for_its_objective(tmp_path: Path, sla_preset: Path) -> None:
     ensure_active(tmp_path, objective="sla_violation_rate")
     doc = manifest(tmp_path)
-    sha = checkpoint_sha256(PACKAGED_CHECKPOINTS["sla_violation_rate"])
+    sha = checkpoint_sha256(sla_preset)
     assert doc["objective"] == "sla_violation_rate" and doc["checkpoint"] == f"packaged/{sha[:12]}"
     served = ModelRegistry(tmp_path).load_now()
     assert served is not None and served.placer.version == "ensemble-f2c6ff0e7d15"
@@ -115,33 +125,59 @@ def test_registry_objective_is_read_again_after_a_poll_interval(tmp_path: Path) 
     assert registry.objective() == "cost"
 
 
-def test_cli_activates_the_packaged_checkpoint_of_an_objective(tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_switches_the_objective_of_what_is_served(tmp_path: Path, sla_preset: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
     reg = tmp_path / "reg"
+    # an empty registry: the packaged checkpoint for the objective, checked as a server loads it
     assert cli("activate", "--registry", str(reg), "--create", "--objective", "sla_violation_rate") == 0
     out = json.loads(capsys.readouterr().out)
-    sha = checkpoint_sha256(PACKAGED_CHECKPOINTS["sla_violation_rate"])
+    sha = checkpoint_sha256(sla_preset)
     assert out["objective"] == "sla_violation_rate" and out["checkpoint"] == f"packaged/{sha[:12]}"
-    assert out["version"] == "drl:ensemble-f2c6ff0e7d15", "checked as a server loads it"
+    assert out["version"] == "drl:ensemble-f2c6ff0e7d15"
     doc = manifest(reg)
-    assert doc["note"] != PACKAGED_NOTE, "a server given another --objective must not seed over it"
-    ensure_active(reg)  # a server started with the default objective
+    assert doc["note"] != PACKAGED_NOTE
+    ensure_active(reg)  # a server started without --objective
     assert manifest(reg) == doc
 
-    # another checkpoint by hand: the objective stays; a rollback keeps it too
+    # another checkpoint by hand: the objective stays
     assert cli("activate", "--registry", str(reg), str(DEFAULT_CHECKPOINT)) == 0
     capsys.readouterr()
     assert manifest(reg)["objective"] == "sla_violation_rate"
+    # the objective alone: the checkpoint served now, unchanged
+    served = manifest(reg)["sha256"]
+    assert cli("activate", "--registry", str(reg), "--objective", "p95_jct") == 0
+    capsys.readouterr()
+    assert manifest(reg)["objective"] == "p95_jct" and manifest(reg)["sha256"] == served
+    # a rollback undoes the switch (and a second one redoes it, as cd - does)
+    assert cli("rollback", "--registry", str(reg)) == 0
+    assert manifest(reg)["objective"] == "sla_violation_rate" and manifest(reg)["sha256"] == served
     assert cli("rollback", "--registry", str(reg)) == 0
     capsys.readouterr()
-    assert manifest(reg)["objective"] == "sla_violation_rate" and manifest(reg)["sha256"] == sha
+    assert manifest(reg)["objective"] == "p95_jct" and manifest(reg)["sha256"] == served
     assert cli("show", "--registry", str(reg)) == 0
-    assert json.loads(capsys.readouterr().out)["objective"] == "sla_violation_rate"
+    assert json.loads(capsys.readouterr().out)["objective"] == "p95_jct"
+    assert sha != served
 
     assert cli("activate", "--registry", str(reg)) == 1
     assert "--objective" in capsys.readouterr().err
     assert cli("activate", "--registry", str(tmp_path / "typo"), "--objective", "p95_jct") == 1
     assert "no such registry folder" in capsys.readouterr().err and not (tmp_path / "typo").exists()
+
+
+def test_switching_the_objective_alone_does_not_undo_a_promotion_landing_meanwhile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    ensure_active(tmp_path)
+    real = ModelRegistry.check
+
+    def check_while_promoted(self, path, sha256=""):  # type: ignore[no-untyped-def]
+        out = real(self, path, sha256)
+        activate(tmp_path, "candidates/x", sha256="ab" * 32, note="nightly fine-tune")
+        return out
+
+    monkeypatch.setattr(ModelRegistry, "check", check_while_promoted)
+    assert cli("activate", "--registry", str(tmp_path), "--objective", "p95_jct") == 1
+    assert "changed meanwhile" in capsys.readouterr().err
+    assert manifest(tmp_path)["note"] == "nightly fine-tune" and manifest(tmp_path)["objective"] == "mean_jct"
 
 
 def test_server_config_refuses_an_unknown_objective() -> None:
@@ -152,7 +188,8 @@ def test_server_config_refuses_an_unknown_objective() -> None:
     assert ServerConfig.from_sources({}, {"DRL_POLICY_OBJECTIVE": "p95_jct"}).objective == "p95_jct"
 
 
-def test_a_server_seeds_and_reports_its_objective(tmp_path: Path, start_server, redis_url: str) -> None:
+def test_a_server_seeds_and_reports_its_objective(tmp_path: Path, start_server, redis_url: str,
+                                                  sla_preset: Path) -> None:
     import time
 
     import redis
@@ -243,7 +280,7 @@ def test_a_manifest_objective_that_is_not_one_is_said_where_it_is(tmp_path: Path
     """was: "objective must be one of ..., got 'sla'" from an activate given no objective, and a
     rollback that blamed the (good) checkpoint it rolled back to after loading it."""
     ensure_active(tmp_path)
-    assert cli("activate", "--registry", str(tmp_path), "--no-check", str(DEFAULT_CHECKPOINT.parent / "sla")) == 0
+    assert cli("activate", "--registry", str(tmp_path), "--no-check", str(E3T)) == 0
     _typo(tmp_path)
     assert cli("activate", "--registry", str(tmp_path), "--no-check", str(DEFAULT_CHECKPOINT)) == 1
     err = capsys.readouterr().err
@@ -320,7 +357,7 @@ def test_the_fine_tune_names_the_manifest_whose_objective_is_not_one_unless_give
 
 # --- found by the second review (each failed on df27ea6) ----------------------------------------
 
-SLA = PACKAGED_CHECKPOINTS["sla_violation_rate"]
+SLA = E3T  # a checkpoint other than the default
 
 
 def test_the_fine_tune_over_a_manifest_that_does_not_parse_runs_on_the_last_good_as_before(tmp_path: Path) -> None:
