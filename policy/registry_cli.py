@@ -45,6 +45,7 @@ from typing import Any
 
 from policy.errors import CheckpointError
 from policy.registry import (
+    DEFAULT_CHECKPOINT,
     DEFAULT_OBJECTIVE,
     HISTORY,
     LAST_GOOD,
@@ -183,6 +184,47 @@ def activate_checked(root: Path, checkpoint: Path, *, note: str = "", check: boo
             "objective": registry_objective(root)}
 
 
+def switch_objective(root: Path, objective: str, *, note: str = "", check: bool = True,
+                     device: str = "cpu") -> dict[str, Any]:
+    """Activate the checkpoint the servers serve now for ``objective`` (the nightly fine-tune moves
+    it towards the objective from there): the one ``active.json`` names when it would be served,
+    else ``last_good.json``'s, as a server starting now falls back (found by review: a manifest
+    whose checkpoint the loader refuses left the objective unswitchable). It keeps the name the
+    file gave it (a relative name outside the registry stays relative: the same files on every
+    host), except the package's own folder, which is copied into the registry (an upgrade replaces
+    it: ``ensure_active``'s reason). Nothing is written if the manifest changes meanwhile."""
+    unless = _active(root)  # a promotion landing meanwhile is not undone
+    refused: list[str] = []
+    for file in (MANIFEST, LAST_GOOD):
+        doc = _read(root / file)
+        if not (isinstance(doc, dict) and isinstance(doc.get("checkpoint"), str)):
+            continue
+        named = doc["checkpoint"]
+        path = _where(root, named)
+        named_as = "" if Path(named).is_absolute() else named
+        try:
+            if _in_package(path):
+                path, named_as = root / copy_packaged(root, path)[0], ""
+            return activate_checked(root, path, note=note, check=check, device=device,
+                                    sha256=str(doc.get("sha256") or ""), unless_changed=unless,
+                                    named_as=named_as, objective=objective)
+        except (RegistryChanged, ObjectiveError):
+            raise
+        except (CheckpointError, OSError) as exc:
+            refused.append(f"{file} names {named}: {exc}")
+    raise CheckpointError("no checkpoint served now to switch the objective of: " +
+                          ("; ".join(refused) or "the registry names none") + " (name a CHECKPOINT)")
+
+
+def _in_package(path: Path) -> bool:
+    """``path`` lies in this package's checkpoints folder (replaced by every upgrade)."""
+    try:
+        path.resolve().relative_to(DEFAULT_CHECKPOINT.parent.resolve())
+        return True
+    except ValueError:
+        return False
+
+
 def _sha(path: Path) -> str:
     try:
         return checkpoint_sha256(path)
@@ -248,25 +290,21 @@ def run(args: argparse.Namespace) -> int:
             doc: dict[str, Any] = show(root)
         elif args.action == "activate":
             if args.checkpoint is None and args.objective is None:
-                raise CheckpointError("name a CHECKPOINT, or --objective for the packaged checkpoint of that objective")
-            sha256 = ""
-            unless_changed: tuple[str, str, str] | None | bool = False
+                raise CheckpointError("name a CHECKPOINT, or --objective to switch the objective of the checkpoint "
+                                      "served now")
+            note = args.note or (f"objective {args.objective}" if args.checkpoint is None else "")
             if args.checkpoint is not None:
-                checkpoint = Path(args.checkpoint)
+                doc = activate_checked(root, Path(args.checkpoint), note=note, check=not args.no_check,
+                                       device=args.device, objective=args.objective)
             elif not root.is_dir():
                 raise CheckpointError(f"{root}: no such registry folder (--create makes one)")
             elif (root / MANIFEST).exists() or (root / LAST_GOOD).exists():
-                # the objective alone: what the servers serve now, for it (the nightly fine-tune
-                # moves it towards the new objective from there)
-                unless_changed = _active(root)  # a promotion landing meanwhile is not undone
-                serving = ModelRegistry(root).serving_checkpoint()
-                checkpoint, sha256 = serving.path, serving.sha256
+                doc = switch_objective(root, args.objective, note=note, check=not args.no_check, device=args.device)
             else:  # an empty registry: the packaged checkpoint for it, copied inside (an upgrade
                 # replaces the package's own folder)
                 checkpoint = root / copy_packaged(root, PACKAGED_CHECKPOINTS[args.objective])[0]
-            note = args.note or (f"objective {args.objective}" if args.checkpoint is None else "")
-            doc = activate_checked(root, checkpoint, note=note, check=not args.no_check, device=args.device,
-                                   objective=args.objective, sha256=sha256, unless_changed=unless_changed)
+                doc = activate_checked(root, checkpoint, note=note, check=not args.no_check, device=args.device,
+                                       objective=args.objective)
         else:
             doc = rollback(root, note=args.note, device=args.device)
     except (CheckpointError, OSError, ValueError) as exc:  # ValueError: a path with a NUL, say

@@ -23,6 +23,7 @@ from policy.registry import (
     ModelRegistry,
     activate,
     checkpoint_sha256,
+    copy_packaged,
     ensure_active,
     gnn_loader,
     history,
@@ -492,3 +493,147 @@ def test_a_server_that_loses_the_seeding_race_to_another_objective_warns(
         ensure_active(tmp_path, objective="p95_jct")
     assert manifest(tmp_path)["objective"] == "sla_violation_rate" and len(history(tmp_path)) == 1
     assert "optimises sla_violation_rate" in caplog.text, caplog.text
+
+
+# --- found by the third review (the first four failed on c29020f; the rest pin what was checked) ---
+
+
+def test_switching_a_registry_seeded_with_the_package_folder_keeps_it_reseedable(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A registry seeded before copy_packaged names the package's own folder (absolute, with
+    PACKAGED_NOTE): ensure_active re-seeds it with a copy, because an upgrade replaces that folder
+    and the pinned hash then refuses it (and its last good alike). ``activate --objective O``
+    used to copy the packaged checkpoint in; now it re-names the package's own folder, absolute,
+    with the note "objective O", so no server re-seeds it any more and the next upgrade leaves
+    every replica refusing the manifest and last_good.json alike."""
+    sha = checkpoint_sha256(DEFAULT_CHECKPOINT)
+    (tmp_path / MANIFEST).write_text(json.dumps({"checkpoint": str(DEFAULT_CHECKPOINT), "sha256": sha,
+                                                 "note": PACKAGED_NOTE}))
+    (tmp_path / LAST_GOOD).write_text(json.dumps({"checkpoint": str(DEFAULT_CHECKPOINT), "sha256": sha}))
+    assert cli("activate", "--registry", str(tmp_path), "--no-check", "--objective", "cost") == 0
+    capsys.readouterr()
+    doc = manifest(tmp_path)
+    assert doc["objective"] == "cost"
+    # either a copy inside the registry (as ensure_active and the old --objective did) ...
+    named = Path(doc["checkpoint"])
+    assert not named.is_absolute(), (
+        f"the objective switch pinned the package's own folder {named} (sha {sha[:12]}): an upgrade "
+        "replacing it leaves the servers refusing it, and ensure_active no longer re-seeds it")
+    assert named == Path("packaged") / sha[:12]
+
+
+def test_switching_the_objective_keeps_a_relative_name_outside_the_registry(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The objective alone must not change how the manifest names the served checkpoint: a
+    registry and a checkpoint store mounted side by side (``../ckpts/v3``) name the same files on
+    every host; the switch rewrote it as this host's absolute path (a rollback keeps the name its
+    history recorded for the same reason)."""
+    reg, store = tmp_path / "reg", tmp_path / "ckpts"
+    reg.mkdir()
+    store.mkdir()
+    shutil.copytree(DEFAULT_CHECKPOINT, store / "v3")
+    sha = checkpoint_sha256(store / "v3")
+    activate(reg, "../ckpts/v3", sha256=sha, note="by hand")
+    assert ModelRegistry(reg).serving_checkpoint().sha256 == sha
+    assert cli("activate", "--registry", str(reg), "--no-check", "--objective", "p95_jct") == 0
+    capsys.readouterr()
+    doc = manifest(reg)
+    assert doc["objective"] == "p95_jct" and doc["sha256"] == sha
+    assert doc["checkpoint"] == "../ckpts/v3", f"renamed to {doc['checkpoint']}"
+
+
+def _loader_refused_copy(reg: Path) -> tuple[str, str]:
+    """A copy of the default inside ``reg`` whose weights do not match its manifest: its sha256
+    pinned as it is now (the registry's hash check passes), refused by the loader."""
+    bad = reg / "bad"
+    shutil.copytree(DEFAULT_CHECKPOINT, bad)
+    weights = bad / "model.safetensors"
+    blob = bytearray(weights.read_bytes())
+    blob[-1] ^= 0xFF
+    weights.write_bytes(bytes(blob))
+    return "bad", checkpoint_sha256(bad)
+
+
+def test_switching_the_objective_while_the_servers_serve_the_last_good_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """active.json names a checkpoint the loader refuses (its hash matches: serving_checkpoint
+    returns it); every server serves last_good.json's. ``activate --objective O`` is documented to
+    keep "the checkpoint served now"; it checks the refused one instead and exits 1, blaming that
+    checkpoint and not saying the servers serve another: the objective cannot be switched without
+    naming a checkpoint (and --no-check re-pins the refused one)."""
+    copy, good = copy_packaged(tmp_path, DEFAULT_CHECKPOINT)
+    name, bad_sha = _loader_refused_copy(tmp_path)
+    activate(tmp_path, copy, sha256=good, note="seed")
+    activate(tmp_path, name, sha256=bad_sha, note="a bad one by hand, --no-check")
+    (tmp_path / LAST_GOOD).write_text(json.dumps({"checkpoint": str(copy), "sha256": good}))
+    served = ModelRegistry(tmp_path).load_now()  # what a server starting now does: refuses it,
+    assert served is not None and served.sha256 == good  # serves the last good one
+    assert ModelRegistry(tmp_path).serving_checkpoint().sha256 == bad_sha  # what the CLI takes
+
+    rc = cli("activate", "--registry", str(tmp_path), "--objective", "cost")
+    err = capsys.readouterr().err
+    assert rc == 0, f"refused: {err}"
+    doc = manifest(tmp_path)
+    assert doc["objective"] == "cost" and doc["sha256"] == good and doc["checkpoint"] == str(copy)
+
+
+def test_the_usage_error_says_what_objective_alone_does_now(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``activate`` with neither: the message still says --objective activates "the packaged
+    checkpoint of that objective", which is what this change stopped doing for a registry with a
+    manifest (the docstring, --help and README say "what is served now")."""
+    ensure_active(tmp_path)
+    assert cli("activate", "--registry", str(tmp_path)) == 1
+    err = capsys.readouterr().err
+    assert "--objective" in err and "packaged checkpoint" not in err, err
+
+
+# --- probes of the review that pass (kept: they pin behaviour the change is meant to have) --------
+
+def test_probe_a_refused_manifest_switches_to_the_last_good_named_relative(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    copy, good = copy_packaged(tmp_path, DEFAULT_CHECKPOINT)
+    activate(tmp_path, copy, sha256=good, note="seed")
+    (tmp_path / LAST_GOOD).write_text(json.dumps({"checkpoint": str(copy), "sha256": good}))
+    activate(tmp_path, copy, sha256="ab" * 32, note="pinned to other content")
+    assert cli("activate", "--registry", str(tmp_path), "--no-check", "--objective", "cost") == 0
+    capsys.readouterr()
+    doc = manifest(tmp_path)
+    assert doc == {"checkpoint": str(copy), "sha256": good, "note": "objective cost", "objective": "cost"}
+    assert history(tmp_path)[-1]["checkpoint"] == str(copy)
+
+
+def test_probe_a_manifest_that_does_not_parse(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    copy, good = copy_packaged(tmp_path, DEFAULT_CHECKPOINT)
+    (tmp_path / LAST_GOOD).write_text(json.dumps({"checkpoint": str(copy), "sha256": good}))
+    (tmp_path / MANIFEST).write_text("{not json")
+    assert cli("activate", "--registry", str(tmp_path), "--no-check", "--objective", "cost") == 0
+    capsys.readouterr()
+    assert manifest(tmp_path)["checkpoint"] == str(copy) and manifest(tmp_path)["objective"] == "cost"
+
+
+def test_probe_a_symlinked_registry(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    ensure_active(real)
+    named = manifest(real)["checkpoint"]
+    # the manifest naming the registry's files by an absolute path through the other name
+    activate(real, str(real.resolve() / named), sha256=manifest(real)["sha256"])
+    assert cli("activate", "--registry", str(tmp_path / "link"), "--no-check", "--objective", "cost") == 0
+    capsys.readouterr()
+    assert manifest(real)["checkpoint"] == named
+
+
+def test_probe_create_with_objective(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    reg = tmp_path / "new"
+    assert cli("activate", "--registry", str(reg), "--create", "--no-check", "--objective", "cost") == 0
+    capsys.readouterr()
+    assert manifest(reg)["objective"] == "cost" and not Path(manifest(reg)["checkpoint"]).is_absolute()
+    # nothing served and no last good: refused, exit 1, nothing written
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / MANIFEST).write_text(json.dumps({"checkpoint": "missing"}))
+    assert cli("activate", "--registry", str(bad), "--objective", "cost") == 1
+    assert "no checkpoint served now" in capsys.readouterr().err
+    assert manifest(bad) == {"checkpoint": "missing"}
