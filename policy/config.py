@@ -57,9 +57,9 @@ class ServerConfig:
     #: Seconds between checks of the registry manifest for a new active checkpoint.
     registry_poll_s: float = 2.0
     #: What the deployment optimises (mean_jct, p95_jct, sla_violation_rate, cost; unset: mean_jct
-    #: for an empty registry): an empty registry is seeded with the packaged checkpoint for it
-    #: (sla_violation_rate: the SLA model; the others: the default), and the nightly fine-tune
-    #: trains for the registry's. A registry with a manifest keeps its own, with a warning when it
+    #: for an empty registry): an empty registry is seeded for it with its packaged checkpoint
+    #: (``policy.registry.PACKAGED_CHECKPOINTS``), and the nightly fine-tune trains for the
+    #: registry's. A registry with a manifest keeps its own, with a warning when it
     #: is not this (``drl-policy registry activate --objective`` changes it).
     objective: str | None = None
     #: Torch device for the model: ``auto`` (CUDA when available), ``cpu`` or ``cuda[:N]``.

@@ -297,6 +297,26 @@ def check_objective(objective: str) -> str:
     return objective
 
 
+#: what :func:`_read_doc` returns for a file that does not exist
+_MISSING = object()
+
+
+def _read_doc(file: Path) -> Any:
+    """``file`` (the manifest or ``last_good.json``) parsed, :data:`_MISSING` if it does not exist;
+    one that cannot be read or is not JSON (not UTF-8 included: was, out of poll(), the server
+    down) is a :class:`CheckpointError`."""
+    try:
+        blob = file.read_bytes()
+    except FileNotFoundError:
+        return _MISSING
+    except OSError as exc:
+        raise CheckpointError(f"{file}: cannot read: {exc}") from exc
+    try:
+        return json.loads(blob.decode())
+    except ValueError as exc:
+        raise CheckpointError(f"{file}: not JSON: {exc}") from exc
+
+
 class ObjectiveError(CheckpointError):
     """``active.json`` names an objective that is not one of :data:`OBJECTIVES`."""
 
@@ -308,16 +328,9 @@ def registry_objective(root: str | Path, *, explicit: bool = False) -> str:
     a value that is not one of :data:`OBJECTIVES` an :class:`ObjectiveError` naming the fix (a
     typo must not train the nightly candidates for another metric)."""
     path = Path(root) / MANIFEST
-    try:
-        blob = path.read_bytes()
-    except FileNotFoundError:
+    doc = _read_doc(path)
+    if doc is _MISSING:
         return "" if explicit else DEFAULT_OBJECTIVE
-    except OSError as exc:
-        raise CheckpointError(f"{path}: cannot read: {exc}") from exc
-    try:
-        doc = json.loads(blob.decode())
-    except ValueError as exc:
-        raise CheckpointError(f"{path}: not JSON: {exc}") from exc
     if not isinstance(doc, dict):  # names no checkpoint either (found by review: read as mean_jct)
         raise CheckpointError(f"{path}: expected a JSON object, got {type(doc).__name__}")
     value = doc.get("objective")
@@ -685,16 +698,9 @@ class ModelRegistry:
 
     def _read_spec(self, file: Path) -> tuple[Path, str] | None:
         """``(checkpoint path, sha256)`` named by ``file`` (the manifest or ``last_good.json``)."""
-        try:
-            blob = file.read_bytes()
-        except FileNotFoundError:
+        doc = _read_doc(file)
+        if doc is _MISSING:
             return None
-        except OSError as exc:
-            raise CheckpointError(f"{file}: cannot read: {exc}") from exc
-        try:
-            doc = json.loads(blob.decode())  # not UTF-8 is a ValueError too (was: out of poll(), the server down)
-        except ValueError as exc:
-            raise CheckpointError(f"{file}: not JSON: {exc}") from exc
         if not isinstance(doc, dict) or not isinstance(doc.get("checkpoint"), str) or "\0" in doc["checkpoint"]:
             raise CheckpointError(f"{file}: expected {{\"checkpoint\": path, ...}}, got {doc!r}")
         sha = doc.get("sha256") or ""

@@ -75,6 +75,7 @@ from policy.gnn import GNNPlacer
 from policy.inputs import untrained_since
 from policy.model import ModelConfig, PlacementGNN, Step, check_row_bias_weight, collate_steps, upgraded
 from policy.placement import Placer
+from policy.registry import OBJECTIVES
 from policy.schema import Decision, PlacementRequest, RunGraph
 from trainer.baselines import make_placer
 from trainer.metrics import Bounds, summarize
@@ -85,7 +86,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
-OBJECTIVES = ("mean_jct", "p95_jct", "sla_violation_rate", "cost")
 METRIC = {"mean_jct": "mean_jct_s", "p95_jct": "p95_jct_s", "sla_violation_rate": "sla_violation_rate",
            "cost": "cost"}
 
