@@ -15,7 +15,11 @@ server's own share, ``server_p50_ms`` and ``server_p99_ms``).
 server's RSS at the start, every ``--rss-every`` seconds and at the end. ``--new-run-every K``
 makes each client start a new DAG run every ``K`` requests (a new ``run_key``, its full graph
 sent once, as a scheduler's finished runs give way to new ones), so the server's per-run caches
-fill to their bounds and evict instead of serving the same few runs throughout.
+fill to their bounds and evict instead of serving the same few runs throughout. The soak's JSON
+also has ``timeline`` (the replies per second of each ``--rss-every`` interval: whether the rate
+held to the end) and ``replicas_cpu_s`` (the CPU seconds each replica had used at each sample).
+Each client sends its next request when the last is answered (a closed loop, paced to its share
+of ``--rate``), so ``--clients`` bounds the rate to ``clients / mean round trip``: give enough.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -239,6 +243,9 @@ class CaseResult:
     max_ms: float = float("nan")
     #: DAG runs the clients asked about (one each, more with ``new_run_every``)
     runs: int = 0
+    #: with ``timeline_every_s``: ``[[seconds since the start, good replies per second in the
+    #: interval that ends there], ...]``, so a soak shows whether its rate held to the end
+    timeline: list[list[float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -257,14 +264,16 @@ class _Load:
     new_run_every: int = 0
 
 
-#: one client's ``(round-trip seconds of the good replies, their server_ms, errors, runs asked about)``
-_ClientResult = tuple[list[float], list[float], int, int]
+#: one client's ``(round-trip seconds of the good replies, their server_ms, errors, runs asked about,
+#: when each good reply came: time.perf_counter(), one clock for every process on Linux)``
+_ClientResult = tuple[list[float], list[float], int, int, list[float]]
 
 
 def _client(load: _Load, c: int, g: RunGraph, start: Any) -> _ClientResult:
     """One client's loop (see :data:`_ClientResult`)."""
     lat: list[float] = []
     server: list[float] = []
+    done: list[float] = []
     errors = 0
     r = redis.Redis.from_url(load.url)
     cl = Client(r, load.keys)
@@ -296,8 +305,10 @@ def _client(load: _Load, c: int, g: RunGraph, start: Any) -> _ClientResult:
             if not reply.ok or not all(d.task_id in asked for d in reply.decisions):
                 errors += 1
             else:
-                lat.append(time.perf_counter() - t0)
+                t1 = time.perf_counter()
+                lat.append(t1 - t0)
                 server.append(reply.server_ms)
+                done.append(t1)
         except TimeoutError:
             errors += 1
             cl.sent.clear()  # the server may not have the graph: resend it next time
@@ -307,13 +318,13 @@ def _client(load: _Load, c: int, g: RunGraph, start: Any) -> _ClientResult:
             if delay > 0:
                 time.sleep(delay)
     r.close()
-    return lat, server, errors, runs
+    return lat, server, errors, runs, done
 
 
 def _clients(load: _Load, ids: list[int], graphs: list[RunGraph], start: Any,
              results: Any = None) -> list[_ClientResult]:
     """Clients ``ids`` as threads of this process; their results, also put on ``results``."""
-    out: list[_ClientResult] = [([], [], 0, 0)] * len(ids)
+    out: list[_ClientResult] = [([], [], 0, 0, [])] * len(ids)
 
     def run(j: int) -> None:
         out[j] = _client(load, ids[j], graphs[j], start)
@@ -331,7 +342,8 @@ def _clients(load: _Load, ids: list[int], graphs: list[RunGraph], start: Any,
 def run_case(url: str, keys: Keys, catalogue: Catalogue, dag_tasks: int, ready_tasks: int,
              clients: int, duration_s: float, seed: int, device: str,
              rate_per_client: float | None = None, deadline_ms: float = 1000.0,
-             procs: int = 1, new_run_every: int = 0) -> CaseResult:
+             procs: int = 1, new_run_every: int = 0,
+             timeline_every_s: float | None = None) -> CaseResult:
     """One case; with ``procs > 1`` the clients run as threads of that many processes (one
     process's threads share its GIL, which caps the load they can offer)."""
     rng = np.random.default_rng(seed)
@@ -365,8 +377,8 @@ def run_case(url: str, keys: Keys, catalogue: Catalogue, dag_tasks: int, ready_t
             ch.join()
     wall = time.perf_counter() - t0
     results = [r for group in res for r in group]
-    all_ms = np.array([x for xs, _, _, _ in results for x in xs]) * 1e3
-    server_ms = np.array([x for _, xs, _, _ in results for x in xs])
+    all_ms = np.array([x for xs, *_ in results for x in xs]) * 1e3
+    server_ms = np.array([x for _, xs, *_ in results for x in xs])
     n = len(all_ms)
 
     def pct(a: np.ndarray, q: float) -> float:
@@ -376,17 +388,43 @@ def run_case(url: str, keys: Keys, catalogue: Catalogue, dag_tasks: int, ready_t
         dag_tasks=dag_tasks, ready_tasks=ready_tasks, clients=clients, requests=n,
         p50_ms=pct(all_ms, 50), p99_ms=pct(all_ms, 99),
         mean_ms=round(float(all_ms.mean()), 3) if n else float("nan"),
-        decisions_per_s=round(n * ready_tasks / wall, 1), errors=sum(e for _, _, e, _ in results),
-        runs=sum(u for _, _, _, u in results),
+        decisions_per_s=round(n * ready_tasks / wall, 1), errors=sum(r[2] for r in results),
+        runs=sum(r[3] for r in results),
         device=device, server_p50_ms=pct(server_ms, 50), server_p99_ms=pct(server_ms, 99),
         max_ms=round(float(all_ms.max()), 3) if n else float("nan"),
+        timeline=_timeline([t for r in results for t in r[4]], t0, duration_s, timeline_every_s),
     )
+
+
+def _timeline(done: Sequence[float], t0: float, duration_s: float,
+              every_s: float | None) -> list[list[float]]:
+    """``[[end of the interval, replies per second in it], ...]`` over ``duration_s`` from ``t0``
+    in steps of ``every_s`` (the last may be shorter); none without ``every_s``."""
+    if not every_s or every_s <= 0 or duration_s <= 0:
+        return []
+    ends = [min(every_s * (i + 1), duration_s) for i in range(math.ceil(duration_s / every_s - 1e-9))]
+    # a reply to a request sent before the end may come after it: it counts in the last interval
+    at = np.clip(np.asarray(done, dtype=float) - t0, 0.0, duration_s)
+    counts = np.histogram(at, bins=[0.0, *ends])[0]
+    return [[round(end, 1), round(int(k) / (end - start), 1)]
+            for start, end, k in zip([0.0, *ends[:-1]], ends, counts, strict=True)]
 
 
 def _server_device(r: redis.Redis, keys: Keys) -> str:
     beats = r.hgetall(keys.heartbeat)
     devices = sorted({json.loads(v).get("device", "?") for v in beats.values()})
     return ",".join(devices) or "?"
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used; -1 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return -1.0
+    # after the command's ")": state is field 3 of proc(5), utime and stime fields 14 and 15
+    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
 
 
 def _rss_kib(pid: int) -> int:
@@ -401,12 +439,14 @@ class _RssSampler:
     """Samples the RSS (KiB) of server processes every ``every_s`` seconds while in its ``with``
     block: ``samples`` is ``[[seconds since the start, KiB of the first], ...]`` and ``each``
     ``[[seconds, KiB of each], ...]``, first at the start, last at the end (empty without pids: a
-    server not started by the bench)."""
+    server not started by the bench); ``cpu`` ``[[seconds, CPU seconds each has used], ...]`` at
+    the same times."""
 
     def __init__(self, pids: Sequence[int], every_s: float) -> None:
         self.pids, self.every_s = list(pids), max(every_s, 0.1)
         self.samples: list[list[float]] = []
         self.each: list[list[float]] = []
+        self.cpu: list[list[float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -416,6 +456,7 @@ class _RssSampler:
             kib = [_rss_kib(pid) for pid in self.pids]
             self.samples.append([at, kib[0]])
             self.each.append([at, *kib])
+            self.cpu.append([at, *(_cpu_s(pid) for pid in self.pids)])
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
@@ -584,7 +625,8 @@ def _run(args: argparse.Namespace) -> int:
             with _RssSampler(pids, args.rss_every) as rss:
                 res = run_case(url, keys, catalogue, args.dag_sizes[0], args.ready[0],
                                clients, args.soak, args.seed, device, rate_per_client=args.rate / clients,
-                               procs=args.client_procs, new_run_every=args.new_run_every)
+                               procs=args.client_procs, new_run_every=args.new_run_every,
+                               timeline_every_s=args.rss_every)
             doc["soak"] = {**asdict(res), "seconds": args.soak, "target_rate": args.rate,
                            "achieved_rate": round(res.requests / args.soak, 1),
                            "new_run_every": args.new_run_every,
@@ -592,7 +634,9 @@ def _run(args: argparse.Namespace) -> int:
                            "server_rss_kib_end": rss.samples[-1][1] if rss.samples else -1,
                            "server_rss_kib": rss.samples,
                            # every replica's, [seconds, KiB of replica 0, 1, ...] (was: the first only)
-                           "replicas_rss_kib": rss.each}
+                           "replicas_rss_kib": rss.each,
+                           # [seconds, CPU seconds replica 0, 1, ... has used]: the cores they took
+                           "replicas_cpu_s": rss.cpu}
             print(json.dumps(doc["soak"], indent=2))
         else:
             print(f"{'dag':>5} {'ready':>5} {'cli':>3} {'reqs':>7} {'p50 ms':>8} {'p99 ms':>8}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import subprocess
@@ -58,6 +59,15 @@ def test_soak_samples_rss_and_turns_runs_over(tmp_path: Path) -> None:
     # every replica's (was: the first replica's only)
     each = soak["replicas_rss_kib"]
     assert [row[:2] for row in each] == samples and all(len(row) == 3 and row[2] > 10_000 for row in each)
+    # the CPU each replica used, sampled with the RSS: it grows and stays within the wall time
+    cpu = soak["replicas_cpu_s"]
+    assert [row[0] for row in cpu] == [row[0] for row in samples] and all(len(row) == 3 for row in cpu)
+    assert all(0 <= row[i] <= nxt[i] for row, nxt in itertools.pairwise(cpu) for i in (1, 2))
+    assert 0 < cpu[-1][1] - cpu[0][1] < cpu[-1][0] + 0.5
+    # the rate the clients got, interval by interval: its intervals add up to the requests answered
+    timeline = soak["timeline"]
+    assert [end for end, _ in timeline] == [0.5, 1.0, 1.5, 2.0]
+    assert round(sum(rate * 0.5 for _, rate in timeline)) == soak["requests"]
 
 
 def test_a_server_that_cannot_start_ends_the_bench_with_its_reason(tmp_path: Path) -> None:
@@ -74,3 +84,14 @@ def test_a_server_that_cannot_start_ends_the_bench_with_its_reason(tmp_path: Pat
     assert proc.returncode == 1
     assert "exited with status" in proc.stderr and "nowhere" in proc.stderr and "does not exist" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "bench.json").exists()
+
+
+def test_the_timeline_bins_replies_by_when_they_came() -> None:
+    from policy.bench import _timeline
+
+    t0 = 100.0
+    done = [100.1, 100.2, 100.9, 101.5, 103.2, 104.0]  # the last two after a 3 s soak ended
+    assert _timeline(done, t0, 3.0, 1.0) == [[1.0, 3.0], [2.0, 1.0], [3.0, 2.0]]
+    # a shorter last interval is a rate over its own length
+    assert _timeline(done, t0, 2.5, 1.0) == [[1.0, 3.0], [2.0, 1.0], [2.5, 4.0]]
+    assert _timeline(done, t0, 3.0, None) == [] and _timeline([], t0, 2.0, 1.0) == [[1.0, 0.0], [2.0, 0.0]]
