@@ -102,6 +102,16 @@ _GROUP_GONE = ("NOGROUP", "UNBLOCKED", "no such key")
 #: KEYS[1]: the request stream. ARGV: group, consumer, reply TTL, graph TTL, number of graphs G,
 #: G (key, graph JSON) pairs, number of references R, R keys, then (entry id, reply key, reply
 #: JSON) triples ('' key: no reply).
+#: Write this replica's heartbeat into the replicas' hash, first replacing a key of another type
+#: there (one script: replicas that find it so at the same time do not delete each other's beats);
+#: returns the type it replaced, "" when it was a hash or absent.
+_HEARTBEAT_LUA = """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'hash' and kind ~= 'none' then redis.call('DEL', KEYS[1]) else kind = '' end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return kind
+"""
+
 _REPLY_LUA = """
 local stream, group, me = KEYS[1], ARGV[1], ARGV[2]
 local reply_ttl, graph_ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -464,7 +474,18 @@ class PolicyServer:
         beat = json.dumps({"ts": self.redis_now(), "version": self.version, "device": self.device,
                            "objective": self.objective(), "objective_given": self._objective_given(),
                            "pid": os.getpid(), "handled": self.handled})
-        r.hset(self.keys.heartbeat, self.config.consumer, beat)
+        try:
+            r.hset(self.keys.heartbeat, self.config.consumer, beat)
+        except redis.ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            # Found by review: a heartbeat key someone made another type failed HSET, which read
+            # as a lost Redis: every replica reconnected for ever, serving nothing. The key is the
+            # replicas' own (no other writer has a say in it): replace it, and say so.
+            was = _text(r.eval(_HEARTBEAT_LUA, 1, self.keys.heartbeat, self.config.consumer, beat))
+            if was:
+                log.warning("replaced %s, a %s, with the replicas' hash of heartbeats (the executors "
+                            "take a server without one for dead)", self.keys.heartbeat, was)
         self.cache.expire()
         self.metrics.graph_cache_entries.set(len(self.cache))
         self.metrics.graph_cache_bytes.set(self.cache.bytes)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import replace
 
@@ -231,6 +232,20 @@ def test_a_reply_key_of_another_type_is_skipped_not_retried_for_ever(start_serve
     assert rclient.xpending(KEYS.requests, KEYS.group)["pending"] == 0
     time.sleep(0.5)
     assert rs.server.metrics.reconnects._value.get() == 0
+
+
+def test_a_heartbeat_key_of_another_type_is_replaced_not_a_reconnect_loop(start_server, rclient: redis.Redis,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """Found by review: HSET on a heartbeat key someone made a string failed (WRONGTYPE), which the server
+    took for a lost Redis: it reconnected for ever and answered nothing, and the executors, finding no
+    heartbeat, fell back on every decision."""
+    rclient.set(KEYS.heartbeat, "not a hash")
+    with caplog.at_level(logging.WARNING, logger="policy.server"):
+        rs = start_server()
+        assert ask(rclient, request([chain("hb")], [("hb", "t0")])).ok  # type: ignore[union-attr]
+    assert rclient.type(KEYS.heartbeat) == b"hash" and set(rclient.hkeys(KEYS.heartbeat)) == {b"replica-a"}
+    assert rs.server.metrics.reconnects._value.get() == 0
+    assert any(KEYS.heartbeat in r.getMessage() and "a string" in r.getMessage() for r in caplog.records)
 
 
 def test_what_others_wrote_in_redis_does_not_end_a_replica(start_server, rclient: redis.Redis) -> None:
