@@ -15,6 +15,10 @@ class ReplayError(SchemaError):
     """A replay file (recorded DAG runs) is malformed; the message names the file and the line."""
 
 
+class WorkloadError(PolicyError, ValueError):
+    """A workload spec (``drl-trainer --workflows``) names nothing usable; the message names the part."""
+
+
 class CatalogueError(PolicyError, ValueError):
     """A pool catalogue file is malformed; the message names the file and the field."""
 

@@ -2,7 +2,8 @@
 
 Each subcommand lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``.
 Bad input found past the parser (an unreadable or malformed catalogue, a missing or tampered
-checkpoint) is one line on stderr, ``drl-trainer: error: ...``, and exit code 2, as argparse's own.
+checkpoint, a ``--workflows`` spec naming a malformed WfFormat file, a missing path or an unknown
+recipe) is one line on stderr, ``drl-trainer: error: ...``, and exit code 2, as argparse's own.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from policy.cli import build_parser, dispatch
-from policy.errors import CatalogueError, CheckpointError, ReplayError
+from policy.errors import CatalogueError, CheckpointError, SchemaError, WorkloadError
 
 SUBCOMMANDS = {
     "bench": ("trainer.bench", "simulate policies on workloads and report metrics against lower bounds"),
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser("drl-trainer", SUBCOMMANDS, "Simulator, baselines, training and evaluation.", argv)
     try:
         return dispatch(parser, argv)
-    except (CatalogueError, CheckpointError, ReplayError) as exc:
+    except (CatalogueError, CheckpointError, SchemaError, WorkloadError) as exc:  # SchemaError: ReplayError too
         # the message names the file and the field; a traceback would only bury it
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2

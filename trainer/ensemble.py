@@ -29,7 +29,7 @@ from typing import Any
 
 from policy.catalogue import PACKAGED_CATALOGUES, load_catalogue
 from policy.checkpoint import Checkpoint, load_checkpoint, save_ensemble
-from policy.errors import CheckpointError
+from policy.errors import CheckpointError, SchemaError, WorkloadError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,8 +56,12 @@ def evaluation_of(members: Sequence[Checkpoint]) -> dict[str, Any]:
         raise SystemExit(f"{members[0].path}: its manifest names no training settings to evaluate on")
     fields = {f.name for f in dataclasses.fields(Args)}
     args = Args(**{k: v for k, v in training.items() if k in fields})
-    settings = settings_from(args.workflows, args.seed)
-    heldout = settings_from(args.heldout, args.seed + 1) if args.heldout else []
+    try:
+        settings = settings_from(args.workflows, args.seed)
+        heldout = settings_from(args.heldout, args.seed + 1) if args.heldout else []
+    except (WorkloadError, SchemaError) as exc:
+        # found by review: a workflow path recorded on another checkout was a traceback
+        raise WorkloadError(f"{members[0].path}: the workflows its manifest records: {exc}") from None
     teachers = training.get("teachers") or {}
     for s in settings:
         s.teacher = teachers.get(s.name) or "srpt+eft"
@@ -81,8 +85,28 @@ def with_row_bias(c: Checkpoint, k: float) -> Checkpoint:
     return Checkpoint(model.eval(), manifest, c.path)
 
 
+def _check_members(members: Sequence[Checkpoint], out: Path) -> None:
+    """Refuse what :func:`~policy.checkpoint.save_ensemble` would refuse before any work is done,
+    and an ``out`` that would overwrite a member or is a file (found by review: ``--evaluate``
+    scored for minutes an ensemble then refused; ``--row-bias`` let an ensemble through as a
+    member, keeping only its first model; ``--out A`` wrote the ensemble over member A)."""
+    if len(members) < 2:
+        raise CheckpointError(f"an ensemble needs two or more checkpoints, got {len(members)}")
+    nested = [str(c.path) for c in members if c.members]
+    if nested:
+        raise CheckpointError(f"an ensemble's members must be single models, and {', '.join(nested)} is an "
+                              "ensemble (name its own members)")
+    target = out.resolve()
+    clash = [str(c.path) for c in members if Path(c.path).resolve() == target]
+    if clash:
+        raise CheckpointError(f"--out {out}: that is member {clash[0]}; write the ensemble elsewhere")
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"--out {out}: a file is there; an ensemble is a folder")
+
+
 def run(args: argparse.Namespace) -> int:
     members = [load_checkpoint(p) for p in args.checkpoints]
+    _check_members(members, Path(args.out))
     if args.row_bias is not None:
         members = [with_row_bias(c, args.row_bias) for c in members]
     evaluation = evaluation_of(members) if args.evaluate else None

@@ -20,11 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
-from policy.schema import RunGraph
+from policy.errors import WorkloadError
+from policy.schema import MAX_TASKS_PER_RUN, RunGraph
 
 PREFIX = "wfcommons:"
 #: ``PYTHONHASHSEED`` of the process that builds the instances (see :func:`generate`)
 HASH_SEED = "0"
+#: the most instances one ``wfcommons:`` spec may ask for
+MAX_COUNT = 1000
 
 #: recipe name -> class name in ``wfcommons.wfchef.recipes``
 RECIPES = {
@@ -35,19 +38,23 @@ RECIPES = {
 
 
 def parse_spec(spec: str) -> tuple[str, int, int]:
-    """``wfcommons:RECIPE:TASKS[:COUNT]`` -> (recipe, tasks, count); ValueError naming the part."""
+    """``wfcommons:RECIPE:TASKS[:COUNT]`` -> (recipe, tasks, count); :class:`WorkloadError` (a
+    ``ValueError``) naming the part. TASKS is at most what one run may hold
+    (:data:`~policy.schema.MAX_TASKS_PER_RUN`), COUNT at most :data:`MAX_COUNT`."""
     parts = spec[len(PREFIX):].split(":") if spec.startswith(PREFIX) else []
     if len(parts) not in (2, 3):
-        raise ValueError(f"{spec!r}: expected wfcommons:RECIPE:TASKS[:COUNT]")
+        raise WorkloadError(f"{spec!r}: expected wfcommons:RECIPE:TASKS[:COUNT]")
     recipe = parts[0]
     if recipe not in RECIPES:
-        raise ValueError(f"{spec!r}: unknown recipe {recipe!r}; one of {sorted(RECIPES)}")
+        raise WorkloadError(f"{spec!r}: unknown recipe {recipe!r}; one of {sorted(RECIPES)}")
     try:
         tasks, count = int(parts[1]), int(parts[2]) if len(parts) == 3 else 4
     except ValueError as exc:
-        raise ValueError(f"{spec!r}: TASKS and COUNT must be integers") from exc
-    if tasks < 2 or count < 1:
-        raise ValueError(f"{spec!r}: need TASKS >= 2 and COUNT >= 1")
+        raise WorkloadError(f"{spec!r}: TASKS and COUNT must be integers") from exc
+    if not (2 <= tasks <= MAX_TASKS_PER_RUN and 1 <= count <= MAX_COUNT):
+        # found by review: no upper bound, so a typo (an extra 0) had WfChef build for hours a run
+        # larger than any server takes
+        raise WorkloadError(f"{spec!r}: need 2 <= TASKS <= {MAX_TASKS_PER_RUN} and 1 <= COUNT <= {MAX_COUNT}")
     return recipe, tasks, count
 
 
@@ -70,7 +77,7 @@ def generate(spec: str, rng: np.random.Generator) -> list[RunGraph]:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
         error = Path(tmp) / "error.txt"
         if error.exists():
-            raise ValueError(f"{spec!r}: {error.read_text()}")
+            raise WorkloadError(f"{spec!r}: {error.read_text()}")
         if done.returncode != 0:
             raise RuntimeError(f"{spec!r}: the WfChef generator failed (exit {done.returncode}): "
                                f"{done.stderr.strip()[-2000:]}")

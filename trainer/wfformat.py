@@ -4,18 +4,27 @@ WfFormat 1.5 splits a workflow into ``workflow.specification.tasks`` (``id``, ``
 ``parents``, ``children``) and ``workflow.execution.tasks`` (``id``, ``runtimeInSeconds``,
 ``coreCount``, ``avgCPU``, ``memoryInBytes``, ``readBytes``, ``writtenBytes``); 1.4 keeps one list,
 ``workflow.tasks``, with the measurements inline (``runtimeInSeconds``, ``cores``,
-``memoryInBytes``, ``bytesRead``/``bytesWritten``). The JSON is parsed here, offline (the
+``memoryInBytes``, ``readBytes``/``writtenBytes``; 1.3's ``bytesRead``/``bytesWritten`` are read
+where those are absent), and its tasks name their parents and children by ``name``, not ``id``
+(WfFormat's own migration tool says so; an ``id`` is taken where no name matches). The JSON is parsed here, offline (the
 ``wfcommons`` loader fetches its schema from the network). Malformed input raises
 :class:`~policy.errors.SchemaError` (a ``ValueError``) naming the file and the field.
 
 Mapping to the task graph: ``duration_s`` = measured runtime (at least 0.01 s), ``cpus`` = cores
 (default 1), ``memory_gb`` = peak memory in GB (default 1), ``kind`` = the task's ``name`` without
-its ``_ID000123`` suffix (e.g. ``blastall``), ``priority`` = the trace's ``priority`` if given.
+its ``_ID000123`` or ``_00000001`` suffix (WfCommons' two conventions; e.g. ``blastall``),
+``priority`` = the trace's ``priority`` if given. Measurements must be finite numbers >= 0.
+
+(The Epigenomics traces name each task after its input files, e.g.
+``fast2bfq_fast2bfq_HEP2_MSP1_Digests_s_1_sequence_1_ID0000002``, so each of their tasks is a
+kind of its own; their ``command.program`` says ``fast2bfq``. It is not used: those traces are the
+held-out family every committed figure was measured on, with these kinds.)
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +34,7 @@ from policy.errors import SchemaError
 from policy.schema import RunGraph, TaskNode
 
 SUPPORTED = ("1.4", "1.5", "1.6")  # 1.6: what wfcommons 1.6 writes (same task layout as 1.5)
-_ID_SUFFIX = re.compile(r"_ID\d+$")
+_ID_SUFFIX = re.compile(r"_(?:ID\d+|\d{8})$")
 
 
 @dataclass(frozen=True)
@@ -42,9 +51,16 @@ def _num(obj: Mapping[str, Any], key: str, where: str, default: float | None) ->
     value = obj.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise SchemaError(f"{where}.{key}: expected a number >= 0, got {value!r}")
-    return float(value)
+    try:
+        # found by review: NaN and Infinity (json reads both, and 1e999 as inf) passed the check: a
+        # NaN runtime became 0.01 s, an infinite one ended the simulator in an OverflowError
+        number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    except OverflowError:  # an integer too large for a float
+        number = math.nan
+    if not math.isfinite(number) or number < 0:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise SchemaError(f"{where}.{key}: expected a finite number >= 0, got {shown}")
+    return number
 
 
 def _ids(obj: Mapping[str, Any], key: str, where: str) -> list[str]:
@@ -79,14 +95,19 @@ def parse_wfformat(doc: Any, source: str = "<memory>") -> WfTrace:
             if not isinstance(t, Mapping) or not isinstance(t.get("id"), str):
                 raise SchemaError(f"{where}.id: missing or not a string")
             measured[t["id"]] = t
-        read_key, written_key, cores_key = "readBytes", "writtenBytes", "coreCount"
+        read_keys: tuple[str, ...] = ("readBytes",)
+        written_keys: tuple[str, ...] = ("writtenBytes",)
+        cores_key = "coreCount"
+        by_name = False
     else:
         spec_where = f"{source}: workflow.tasks"
         if not isinstance(wf.get("tasks"), list):
             raise SchemaError(f"{spec_where}: missing or not a list")
         spec_tasks = wf["tasks"]
         measured = {}
-        read_key, written_key, cores_key = "bytesRead", "bytesWritten", "cores"
+        # found by review: 1.4's names are 1.5's; bytesRead / bytesWritten are 1.3's (all I/O was lost)
+        read_keys, written_keys, cores_key = ("readBytes", "bytesRead"), ("writtenBytes", "bytesWritten"), "cores"
+        by_name = True  # found by review: 1.4 tasks name each other by name (every id-keyed 1.4 trace was refused)
     if not spec_tasks:
         raise SchemaError(f"{spec_where}: the workflow has no tasks")
     ids: list[str] = []
@@ -102,6 +123,9 @@ def parse_wfformat(doc: Any, source: str = "<memory>") -> WfTrace:
     if len(index) != len(ids):
         dup = next(t for t in ids if ids.count(t) > 1)
         raise SchemaError(f"{spec_where}: duplicate task id {dup!r}")
+    if by_name:  # a reference is a name first, then an id (as WfFormat's migration tool resolves them)
+        names = {t["name"]: i for i, t in reversed(list(enumerate(spec_tasks))) if isinstance(t.get("name"), str)}
+        index = {**index, **names}
     tasks: list[TaskNode] = []
     edges: set[tuple[int, int]] = set()
     read: dict[str, float] = {}
@@ -123,17 +147,18 @@ def parse_wfformat(doc: Any, source: str = "<memory>") -> WfTrace:
             memory_gb=(mem / 1e9 if mem else 1.0), priority=prio if prio is not None else 1.0,
             kind=_ID_SUFFIX.sub("", name) or "default",
         ))
-        for key, out in ((read_key, read), (written_key, written)):
+        for keys, out in ((read_keys, read), (written_keys, written)):
+            key = next((k for k in keys if m.get(k) is not None), keys[0])
             v = _num(m, key, mwhere, None)
             if v is not None:
                 out[tid] = v
         for parent in _ids(t, "parents", where):
             if parent not in index:
-                raise SchemaError(f"{where}.parents: unknown task id {parent!r}")
+                raise SchemaError(f"{where}.parents: unknown task {'name' if by_name else 'id'} {parent!r}")
             edges.add((index[parent], i))
         for child in _ids(t, "children", where):
             if child not in index:
-                raise SchemaError(f"{where}.children: unknown task id {child!r}")
+                raise SchemaError(f"{where}.children: unknown task {'name' if by_name else 'id'} {child!r}")
             edges.add((i, index[child]))
     run_key = str(doc.get("name") or Path(source).stem)
     try:

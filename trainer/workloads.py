@@ -31,6 +31,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from policy.catalogue import Catalogue
+from policy.errors import WorkloadError
 from policy.replay import ReplayRun, read_replay
 from policy.schema import PoolState, RunGraph, TaskNode
 from trainer.bounds import critical_path_lb
@@ -319,13 +320,13 @@ def load_templates(spec: str, rng: np.random.Generator) -> list[RunGraph]:
             if path.is_dir():
                 files = sorted(path.glob("*.json"))
                 if not files:
-                    raise ValueError(f"{path}: no *.json WfFormat files in this folder")
+                    raise WorkloadError(f"{path}: no *.json WfFormat files in this folder")
                 out.extend(load_wfformat(f) for f in files)
             elif path.exists():
                 out.append(load_wfformat(path))
             else:
-                raise ValueError(f"workflow spec {item!r} is neither a file, a folder nor one of "
+                raise WorkloadError(f"workflow spec {item!r} is neither a file, a folder nor one of "
                                  f"{('seed', *FAMILIES)}")
     if not out:
-        raise ValueError(f"workflow spec {spec!r} names no workflows")
+        raise WorkloadError(f"workflow spec {spec!r} names no workflows")
     return out

@@ -4,8 +4,10 @@ with exit code 2, not a traceback (found by review)."""
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +55,39 @@ def test_every_explain_flag_has_help() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert [a.dest for a in parser._actions if not a.help] == []
+
+
+def _v15(tasks_spec: list[dict], tasks_exec: list[dict]) -> dict:
+    return {"schemaVersion": "1.5", "name": "w",
+            "workflow": {"specification": {"tasks": tasks_spec}, "execution": {"tasks": tasks_exec}}}
+
+
+def _empty_workflow(tmp_path: Path) -> str:
+    path = tmp_path / "empty.json"
+    path.write_text(json.dumps(_v15([], [])))
+    return str(path)
+
+
+@pytest.mark.parametrize(("command", "spec", "message"), [
+    (["makespan"], _empty_workflow, "the workflow has no tasks"),
+    (["makespan"], lambda tmp: str(tmp / "nope.json"), "nope.json"),
+    (["makespan"], lambda tmp: "wfcommons:nope:100", "unknown recipe 'nope'"),
+    (["makespan"], lambda tmp: "wfcommons:blast:many", "must be integers"),
+    (["bench", "--dag-runs", "2"], _empty_workflow, "the workflow has no tasks"),
+    (["train", "--iters", "1"], _empty_workflow, "the workflow has no tasks"),
+], ids=["makespan-malformed-file", "makespan-missing-file", "makespan-unknown-recipe",
+        "makespan-bad-recipe-count", "bench-malformed-file", "train-malformed-file"])
+def test_a_bad_workflow_spec_is_one_line_not_a_traceback(
+        command: list[str], spec, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``drl-trainer`` turns only CatalogueError, CheckpointError and ReplayError into its one-line
+    ``drl-trainer: error: ...`` (trainer/cli.py:395). The errors of ``--workflows`` -- the
+    SchemaError of a malformed WfFormat file, the ValueError of a path that does not exist or of
+    a bad ``wfcommons:`` spec (trainer/workloads.py, trainer/recipes.py) -- escape as a Python
+    traceback from bench, makespan, train and explain, although their messages already name
+    the file and the field."""
+    argv = [*command, "--workflows", spec(tmp_path)]
+    if command[0] == "train":
+        argv += ["--out", str(tmp_path / "run")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("drl-trainer: error: ") and message in err and err.count("\n") == 1, err

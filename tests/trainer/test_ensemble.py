@@ -77,3 +77,99 @@ def test_a_row_bias_prior_is_given_to_every_member(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="within"):
         main(["ensemble", *members, "--out", str(tmp_path / "bad"), "--row-bias", "-100"])
     assert not (tmp_path / "bad").exists()
+
+
+def _checkpoints(tmp_path: Path, n: int, training: dict | None = None) -> list[str]:
+    paths = []
+    for seed in range(n):
+        torch.manual_seed(seed)
+        path = tmp_path / f"m{seed}"
+        save_checkpoint(PlacementGNN(ModelConfig(hidden=8, layers=2)), path, training=training)
+        paths.append(str(path))
+    return paths
+
+
+def test_row_bias_does_not_let_an_ensemble_through_as_one_member(tmp_path: Path) -> None:
+    """An ensemble named as a member is refused ("an ensemble's members must be single models"),
+    but not with ``--row-bias``: ``with_row_bias`` (trainer/ensemble.py:353) rebuilds the
+    Checkpoint without its ``members``, so ``save_ensemble``'s check sees a single model and the
+    written ensemble silently keeps only the nested ensemble's *first* model (its other members
+    are dropped while the version still says ``ensemble-...+row1``)."""
+    m0, m1, m2 = _checkpoints(tmp_path, 3)
+    assert main(["ensemble", m0, m1, "--out", str(tmp_path / "E")]) == 0
+    assert main(["ensemble", str(tmp_path / "E"), m2, "--out", str(tmp_path / "plain")]) == 2
+    assert main(["ensemble", str(tmp_path / "E"), m2, "--out", str(tmp_path / "biased"),
+                 "--row-bias", "1"]) == 2
+    assert not (tmp_path / "biased").exists()
+
+
+def test_the_members_are_checked_before_the_evaluation(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--evaluate`` runs the whole evaluation (minutes: every training and held-out setting,
+    teachers and baselines) before ``save_ensemble`` checks that there are two or more single
+    models (trainer/ensemble.py:360 before :362): ``drl-trainer ensemble ONE --evaluate`` or one
+    with an ensemble as a member scores it all, then ends with "an ensemble needs two or more
+    checkpoints". The check belongs before any work."""
+    import trainer.ensemble
+
+    def evaluated(members):  # noqa: ANN001, ANN202
+        raise AssertionError("evaluated an ensemble that is then refused")
+
+    monkeypatch.setattr(trainer.ensemble, "evaluation_of", evaluated)
+    m0, m1, m2 = _checkpoints(tmp_path, 3)
+    assert main(["ensemble", m0, "--out", str(tmp_path / "one"), "--evaluate"]) == 2
+    assert "two or more" in capsys.readouterr().err
+    assert main(["ensemble", m0, m1, "--out", str(tmp_path / "E")]) == 0
+    assert main(["ensemble", str(tmp_path / "E"), m2, "--out", str(tmp_path / "nested"), "--evaluate"]) == 2
+
+
+def test_out_may_not_be_one_of_the_members(tmp_path: Path) -> None:
+    """``drl-trainer ensemble A B --out A`` writes the ensemble over checkpoint A (its manifest and
+    weights replaced), destroying a member it was built from, and the ensemble's manifest then
+    lists as its member a folder that now holds the ensemble. It should be refused with the
+    path named, and A left as it was."""
+    m0, m1 = _checkpoints(tmp_path, 2)
+    before = (Path(m0) / "manifest.json").read_bytes()
+    try:
+        code = main(["ensemble", m0, m1, "--out", m0])
+    except SystemExit as exc:
+        code = 2 if exc.code else 0
+    assert code == 2
+    assert (Path(m0) / "manifest.json").read_bytes() == before
+    assert not load_checkpoint(m0).members
+
+
+def test_evaluate_with_training_workflows_missing_here_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--evaluate`` re-reads the first member's recorded ``workflows``/``heldout``. It maps a
+    ``pools`` path "recorded on another checkout" to the packaged catalogue, but a recorded
+    workflow path that does not resolve here (the ledger's checkpoints record
+    ``../shared/workflows/...``, relative to the checkout they were trained in, so any other
+    working directory) escapes as a ValueError traceback from trainer/workloads.py
+    (trainer/ensemble.py:331) instead of a one-line error naming the member and the path."""
+    training = {"workflows": "etl;/elsewhere/shared/workflows/wfinstances/blast-chameleon-small-001.json",
+                "eval_runs": 2, "eval_streams": 1, "threads": 1}
+    m0, m1 = _checkpoints(tmp_path, 2, training)
+    try:
+        code = main(["ensemble", m0, m1, "--out", str(tmp_path / "ens"), "--evaluate"])
+        message = capsys.readouterr().err
+    except SystemExit as exc:
+        code, message = 2, str(exc.code)
+    assert code == 2
+    assert "blast-chameleon-small-001.json" in message and message.strip().count("\n") == 0, message
+    assert not (tmp_path / "ens").exists()
+
+
+def test_out_that_is_a_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--out`` naming an existing file (a typo, ``--out runs/e3.json``) ends in a
+    ``FileExistsError`` traceback from ``Path.mkdir`` in policy/checkpoint.py ``_write``, reached
+    from trainer/ensemble.py:362 with nothing checked first, instead of a one-line error."""
+    m0, m1 = _checkpoints(tmp_path, 2)
+    out = tmp_path / "e3.json"
+    out.write_text("{}")
+    try:
+        code = main(["ensemble", m0, m1, "--out", str(out)])
+        message = capsys.readouterr().err
+    except SystemExit as exc:
+        code, message = 2, str(exc.code)
+    assert code == 2 and str(out) in message, message

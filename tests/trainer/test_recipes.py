@@ -43,7 +43,10 @@ def test_instances_do_not_depend_on_the_process_string_hashing() -> None:
     ("wfcommons:nope:100", "unknown recipe 'nope'"),
     ("wfcommons:blast", "expected wfcommons:RECIPE:TASKS"),
     ("wfcommons:blast:many", "must be integers"),
-    ("wfcommons:blast:1", "TASKS >= 2"),
+    ("wfcommons:blast:1", "2 <= TASKS"),
+    # found by review: no upper bound (an extra 0 had WfChef build for hours a run no server takes)
+    ("wfcommons:blast:50001", "TASKS <= 50000"),
+    ("wfcommons:blast:200:1001", "COUNT <= 1000"),
 ])
 def test_bad_specs_name_the_problem(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):

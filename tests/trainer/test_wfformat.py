@@ -78,3 +78,93 @@ def test_not_json(tmp_path):
     path.write_text("{nope")
     with pytest.raises(SchemaError, match="broken.json: not valid JSON"):
         load_wfformat(path)
+
+
+# --- found by review (2026-12-06) ---
+
+
+@pytest.mark.parametrize(("execution", "field"), [
+    ({"runtimeInSeconds": float("nan")}, "runtimeInSeconds"),
+    ({"runtimeInSeconds": float("inf")}, "runtimeInSeconds"),
+    ({"runtimeInSeconds": 1, "memoryInBytes": float("nan")}, "memoryInBytes"),
+    ({"runtimeInSeconds": 1, "coreCount": float("inf")}, "coreCount"),
+], ids=["nan-runtime", "inf-runtime", "nan-memory", "inf-cores"])
+def test_non_finite_measurements_are_refused(tmp_path: Path, execution: dict, field: str) -> None:
+    """``_num`` only checks ``value < 0``, so the ``NaN``/``Infinity`` literals Python's json
+    accepts (and ``1e999``, which reads as inf) pass: a NaN runtime silently becomes 0.01 s
+    (``max(0.01, nan)``), an infinite one is kept and ``drl-trainer makespan`` then dies deep in
+    the simulator with "OverflowError: cannot convert float infinity to integer"
+    (trainer/cluster.py), and NaN memory / infinite cores reach the task graph unchecked. The
+    reader should refuse them with a SchemaError naming the file and the field."""
+    path = tmp_path / "nonfinite.json"
+    path.write_text(json.dumps(_v15([{"id": "a"}], [{"id": "a", **execution}])))
+    with pytest.raises(SchemaError, match=field) as err:
+        load_wfformat(path)
+    assert str(path) in str(err.value)
+
+
+def test_a_number_too_large_for_a_float_is_a_schema_error() -> None:
+    """An integer literal too large for a float (``runtimeInSeconds: 1000...0``, 400 digits)
+    passes the type check and then ``float(value)`` raises ``OverflowError: int too large to
+    convert to float``: a traceback instead of the SchemaError naming the field."""
+    doc = _v15([{"id": "a"}], [{"id": "a", "runtimeInSeconds": 10**400}])
+    with pytest.raises(SchemaError, match="runtimeInSeconds"):
+        parse_wfformat(doc, "big.json")
+
+
+def _v14(tasks: list[dict]) -> dict:
+    return {"schemaVersion": "1.4", "name": "w",
+            "workflow": {"makespanInSeconds": 8.0, "executedAt": "20200101T000000+0000", "tasks": tasks}}
+
+
+def test_v14_dependencies_refer_to_task_names_not_ids() -> None:
+    """Up to WfFormat 1.4 tasks refer to each other by *name*; only from 1.5 by id (WfFormat's own
+    ``tools/wfcommons-migrate-instance.py``: "Up to version 1.4 tasks refer to each other by name
+    ... and the two need not coincide"). A 1.4 instance as wfcommons 0.x wrote it (``id``
+    ``ID0000001``, ``name`` ``individuals_ID0000001``, parents/children by name) is keyed here by
+    ``id`` and refused: "tasks[0].children: unknown task id 'individuals_merge_ID0000002'", so
+    every real 1.4 WfInstance with such ids fails to load."""
+    doc = _v14([
+        {"name": "individuals_ID0000001", "id": "ID0000001", "category": "individuals", "type": "compute",
+         "parents": [], "children": ["individuals_merge_ID0000002"], "files": [],
+         "runtimeInSeconds": 3.0, "cores": 1},
+        {"name": "individuals_merge_ID0000002", "id": "ID0000002", "category": "individuals_merge",
+         "type": "compute", "parents": ["individuals_ID0000001"], "children": [], "files": [],
+         "runtimeInSeconds": 5.0, "cores": 1},
+    ])
+    trace = parse_wfformat(doc, "v14.json")
+    assert trace.graph.edges == ((0, 1),)
+    assert [t.kind for t in trace.graph.tasks] == ["individuals", "individuals_merge"]
+
+
+def test_v14_io_volumes_are_read_from_readBytes_and_writtenBytes() -> None:
+    """WfFormat 1.4 names a task's I/O ``readBytes`` / ``writtenBytes`` (what wfcommons' 1.4
+    ``Task.as_dict`` writes and what the official migrator carries over to 1.5 unchanged; the
+    ``bytesRead`` / ``bytesWritten`` names are 1.3's, in KB for non-Pegasus traces). The reader
+    looks only for ``bytesRead`` / ``bytesWritten`` in 1.4 (wfformat.py:89), so a real 1.4 trace
+    silently loses all its I/O volumes: ``read_bytes`` and ``written_bytes`` come back empty."""
+    doc = _v14([
+        {"name": "a", "id": "a", "parents": [], "children": ["b"], "runtimeInSeconds": 3.0,
+         "cores": 1, "readBytes": 100, "writtenBytes": 200, "memoryInBytes": 2e9},
+        {"name": "b", "id": "b", "parents": ["a"], "children": [], "runtimeInSeconds": 5.0},
+    ])
+    trace = parse_wfformat(doc, "v14.json")
+    assert trace.read_bytes == {"a": 100.0}
+    assert trace.written_bytes == {"a": 200.0}
+
+
+def test_the_wfcommons_numeric_name_suffix_is_stripped_from_the_kind() -> None:
+    """``kind`` is the task name without its ``_ID000123`` suffix, but WfCommons' other naming
+    convention, ``NAME_00000001`` (``wfgen``'s ``_generate_task_name``; ``wfchef.utils._split_task_id``
+    recognises both), is kept whole: every task becomes a kind of its own. The shared trace
+    ``helloworld-forkjoin-10-chameleon.json`` gets 10 kinds (``cpuhog_forkjoin_00000001`` ...)
+    for 10 identical tasks, so the one-hot kind feature (crc32 bucket) is noise per task and
+    pool affinities never match."""
+    doc = _v15([{"id": "blastall_00000002", "name": "blastall_00000002"},
+                {"id": "blastall_00000003", "name": "blastall_00000003"}],
+               [{"id": "blastall_00000002", "runtimeInSeconds": 1},
+                {"id": "blastall_00000003", "runtimeInSeconds": 1}])
+    assert [t.kind for t in parse_wfformat(doc).graph.tasks] == ["blastall", "blastall"]
+    forkjoin = TRACES / "helloworld-forkjoin-10-chameleon.json"
+    if forkjoin.exists():
+        assert {t.kind for t in read_wfformat(forkjoin).graph.tasks} == {"cpuhog_forkjoin"}
