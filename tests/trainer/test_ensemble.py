@@ -19,9 +19,9 @@ TRAINING = {"workflows": "etl", "heldout": "mlpipeline", "eval_runs": 3, "eval_s
             "pools": "/elsewhere/policy/catalogues/gpu-affinity.yaml"}
 
 
-def _members(tmp_path: Path, training: dict[str, object]) -> list[str]:
+def _members(tmp_path: Path, training: dict[str, object] | None = None, n: int = 2) -> list[str]:
     paths = []
-    for seed in (0, 1):
+    for seed in range(n):
         torch.manual_seed(seed)
         path = tmp_path / f"m{seed}"
         save_checkpoint(PlacementGNN(ModelConfig(hidden=8, layers=2)), path, training=training)
@@ -79,23 +79,13 @@ def test_a_row_bias_prior_is_given_to_every_member(tmp_path: Path) -> None:
     assert not (tmp_path / "bad").exists()
 
 
-def _checkpoints(tmp_path: Path, n: int, training: dict | None = None) -> list[str]:
-    paths = []
-    for seed in range(n):
-        torch.manual_seed(seed)
-        path = tmp_path / f"m{seed}"
-        save_checkpoint(PlacementGNN(ModelConfig(hidden=8, layers=2)), path, training=training)
-        paths.append(str(path))
-    return paths
-
-
 def test_row_bias_does_not_let_an_ensemble_through_as_one_member(tmp_path: Path) -> None:
     """An ensemble named as a member is refused ("an ensemble's members must be single models"),
     but not with ``--row-bias``: ``with_row_bias`` (trainer/ensemble.py:353) rebuilds the
     Checkpoint without its ``members``, so ``save_ensemble``'s check sees a single model and the
     written ensemble silently keeps only the nested ensemble's *first* model (its other members
     are dropped while the version still says ``ensemble-...+row1``)."""
-    m0, m1, m2 = _checkpoints(tmp_path, 3)
+    m0, m1, m2 = _members(tmp_path, n=3)
     assert main(["ensemble", m0, m1, "--out", str(tmp_path / "E")]) == 0
     assert main(["ensemble", str(tmp_path / "E"), m2, "--out", str(tmp_path / "plain")]) == 2
     assert main(["ensemble", str(tmp_path / "E"), m2, "--out", str(tmp_path / "biased"),
@@ -116,7 +106,7 @@ def test_the_members_are_checked_before_the_evaluation(
         raise AssertionError("evaluated an ensemble that is then refused")
 
     monkeypatch.setattr(trainer.ensemble, "evaluation_of", evaluated)
-    m0, m1, m2 = _checkpoints(tmp_path, 3)
+    m0, m1, m2 = _members(tmp_path, n=3)
     assert main(["ensemble", m0, "--out", str(tmp_path / "one"), "--evaluate"]) == 2
     assert "two or more" in capsys.readouterr().err
     assert main(["ensemble", m0, m1, "--out", str(tmp_path / "E")]) == 0
@@ -128,7 +118,7 @@ def test_out_may_not_be_one_of_the_members(tmp_path: Path) -> None:
     weights replaced), destroying a member it was built from, and the ensemble's manifest then
     lists as its member a folder that now holds the ensemble. It should be refused with the
     path named, and A left as it was."""
-    m0, m1 = _checkpoints(tmp_path, 2)
+    m0, m1 = _members(tmp_path, n=2)
     before = (Path(m0) / "manifest.json").read_bytes()
     try:
         code = main(["ensemble", m0, m1, "--out", m0])
@@ -149,7 +139,7 @@ def test_evaluate_with_training_workflows_missing_here_is_one_line(
     (trainer/ensemble.py:331) instead of a one-line error naming the member and the path."""
     training = {"workflows": "etl;/elsewhere/shared/workflows/wfinstances/blast-chameleon-small-001.json",
                 "eval_runs": 2, "eval_streams": 1, "threads": 1}
-    m0, m1 = _checkpoints(tmp_path, 2, training)
+    m0, m1 = _members(tmp_path, training)
     try:
         code = main(["ensemble", m0, m1, "--out", str(tmp_path / "ens"), "--evaluate"])
         message = capsys.readouterr().err
@@ -164,7 +154,7 @@ def test_out_that_is_a_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     """``--out`` naming an existing file (a typo, ``--out runs/e3.json``) ends in a
     ``FileExistsError`` traceback from ``Path.mkdir`` in policy/checkpoint.py ``_write``, reached
     from trainer/ensemble.py:362 with nothing checked first, instead of a one-line error."""
-    m0, m1 = _checkpoints(tmp_path, 2)
+    m0, m1 = _members(tmp_path, n=2)
     out = tmp_path / "e3.json"
     out.write_text("{}")
     try:
