@@ -356,7 +356,10 @@ def compiled_steps(fb: FeatureBatch, tab: tuple[np.ndarray, ...], pre: np.ndarra
         finish, free_table, cur, fin, free_now, fb.pairs.ref, guard, ~keep, fb.order, a,
         np.ascontiguousarray(g, dtype=np.float32), weights["s0_w"], weights["s0_b"], weights["s2_w"],
         weights["s2_b"], fb.pairs.top, reserve_busy, allow_wait, any(q.busy + q.queued > 0 for q in fb.pools),
-        math.log(hold_ratio), NEG_INF, TIE_TOLERANCE)
+        # log(hold_ratio) rounded to float32 as numpy compares it with the float32 column (found by
+        # review: the kernel compared in float64, so a free pool at exactly hold_ratio x a task's
+        # best finish was "near" for numpy and not for the kernel, which then held the task)
+        float(np.float32(math.log(hold_ratio))), NEG_INF, TIE_TOLERANCE)
 
 
 def row_evidence(rows: np.ndarray, logits: np.ndarray, d: np.ndarray, z: np.ndarray, x_all: np.ndarray,

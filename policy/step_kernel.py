@@ -94,6 +94,7 @@ def _greedy_steps(pre: np.ndarray, c_dyn: np.ndarray, w: np.ndarray, w_b: np.nda
     while nrows > 0:
         # the logits of every surviving pair, the guard and their first maximum
         free_near = False
+        any_nan = False  # a NaN logit: numpy's max is NaN then, so stop never wins (gnn's error follows)
         best_logit = -math.inf
         best_k = 0
         best_p = 0
@@ -126,6 +127,8 @@ def _greedy_steps(pre: np.ndarray, c_dyn: np.ndarray, w: np.ndarray, w_b: np.nda
                 if reserve_busy and not cur[r, p, 3] > 0.5 and cur[r, p, 2] >= late_best:
                     lg = neg_inf
                 logits[r, p] = lg
+                if lg != lg:
+                    any_nan = True
                 if lg > best_logit or (k == 0 and p == 0):
                     best_logit = lg
                     best_k = k
@@ -166,7 +169,9 @@ def _greedy_steps(pre: np.ndarray, c_dyn: np.ndarray, w: np.ndarray, w_b: np.nda
                 if v > 0:
                     out += v * s2_w[j]
             stop = float(out + s2_b[0])
-        if stop > best_logit:  # stop: hold every remaining row
+        # found by review: the running maximum skipped NaN logits, so stop held every row of a request
+        # whose scores were NaN (no decision, no error, no fallback) where numpy raised for the fallback
+        if stop > best_logit and not any_nan:  # stop: hold every remaining row
             for k in range(nrows):
                 r = rows[k]
                 held[n_held] = r
