@@ -23,7 +23,8 @@ def build_parser(
 ) -> argparse.ArgumentParser:
     """A parser whose chosen subcommand's module (only) is imported to declare its arguments."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--log-level", default="INFO", help="logging level (default: %(default)s)")
+    parser.add_argument("--log-level", type=_log_level, default="INFO",
+                        help="logging level: DEBUG, INFO, WARNING, ERROR or CRITICAL (default: %(default)s)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     args = sys.argv[1:] if argv is None else argv
     chosen = next((a for a in args if a in subcommands), None)
@@ -33,6 +34,14 @@ def build_parser(
         if name == chosen:
             importlib.import_module(module).add_arguments(sp)
     return parser
+
+
+def _log_level(text: str) -> str:
+    """An argparse type: a level name ``logging`` knows (found by review: ``--log-level verbose``
+    was a traceback from ``logging.basicConfig``)."""
+    if not isinstance(logging.getLevelName(text.upper()), int):
+        raise argparse.ArgumentTypeError(f"unknown level {text!r}; one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
+    return text
 
 
 def dispatch(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
+import re
 import socket
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Mapping
@@ -26,6 +28,8 @@ DEVICES = ("auto", "cpu", "cuda")
 STEP_KERNELS = ("auto", "compiled", "numpy")
 #: field types read as floats from the command line and the environment
 _FLOAT_KINDS = ("float", "float | None")
+#: the float settings that may be infinite (the rest must be finite numbers)
+_MAY_BE_INF = ("hold_ratio", "cp_gate")
 
 
 class ConfigError(PolicyError, ValueError):
@@ -160,8 +164,19 @@ class ServerConfig:
             raise ConfigError(f"objective: expected one of {OBJECTIVES}, got {self.objective!r}")
         if self.placer == "gnn" and not self.registry:
             raise ConfigError("placer: 'gnn' needs a registry folder (--registry)")
-        if not (self.device in DEVICES or self.device.startswith("cuda:")):
+        # found by review: "cuda:abc" passed, and torch refused it only at load, so a replica with
+        # --placer auto served the heuristic in place of the model
+        if not (self.device in DEVICES or re.fullmatch(r"cuda:\d+", self.device)):
             raise ConfigError(f"device: expected auto, cpu, cuda or cuda:N, got {self.device!r}")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            # found by review: NaN passed every range check below (heartbeat_s=nan: one heartbeat,
+            # then none; graph_store_ttl_s=inf: every reply batch failed in int(inf)); only the
+            # ratios may be infinite (hold_ratio: off)
+            if isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and f.name not in _MAY_BE_INF)):
+                raise ConfigError(f"{f.name}: must be a finite number, got {value!r}")
+        if not self.metrics_host:  # found by review: "" bound every interface (unset in the environment: the default)
+            raise ConfigError("metrics_host: must not be empty (0.0.0.0 for every interface)")
         for name, lo in (
             ("batch_max", 1), ("block_ms", 1), ("max_request_bytes", 1024), ("claim_idle_ms", 1),
             ("graph_cache_entries", 1), ("graph_cache_bytes", 1024), ("batch_wait_ms", 0),

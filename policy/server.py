@@ -55,6 +55,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any, Mapping, Sequence
 
@@ -62,7 +63,7 @@ import redis
 
 from policy.arbiter import Arbiter, ArbiterConfig
 from policy.catalogue import Catalogue, load_catalogue
-from policy.config import ServerConfig, add_config_arguments
+from policy.config import ConfigError, ServerConfig, add_config_arguments
 from policy.errors import CheckpointError, PolicyError, SchemaError
 from policy.features import run_features
 from policy.graph import view
@@ -224,6 +225,12 @@ class PolicyServer:
                 poll_s=config.registry_poll_s,
                 on_failure=lambda reason: self.metrics.model_load_failures.inc(),
             )
+            root = Path(config.registry)
+            if not root.is_dir() and not root.parent.is_dir():
+                # found by review: a typo in a parent folder made a tree of new folders, seeded with
+                # the packaged model, served for ever while the fine-tune promoted into the real one
+                raise ConfigError(f"registry: {root}: neither it nor its parent folder exists (a typo? the "
+                                  "server makes the registry folder itself, not a tree of folders)")
             try:
                 ensure_active(config.registry, objective=config.objective)
                 model = self.registry.load_now()

@@ -22,15 +22,24 @@ import math
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from policy.catalogue import Catalogue, load_catalogue
 from policy.features import CP_GATE_SCOPES, HOLD_RATIO, check_hold_ratio, check_premium_ratio
-from trainer.baselines import BASELINES, LEARNED, SIMPLE, SLOW, expand, make_placer
-from trainer.baselines.rules import ORDERS, PLACEMENTS
+from trainer.baselines import LEARNED, expand, make_placer
 from trainer.metrics import Bounds, average, summarize
+from trainer.options import (
+    checked,
+    checked_int,
+    finite_at_least,
+    int_at_least,
+    output_file,
+    output_folder,
+    policies,
+    probability,
+)
 from trainer.simulator import SCALE_IN_RULES, Job, SimConfig, SimResult, Simulator
 from trainer.workloads import REPLAY_PREFIX, ArrivalSpec, load_templates, make_jobs, replay_jobs
 
@@ -47,36 +56,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(--load and --dag-runs do not apply); repeat for several settings "
                              "(default: seed)")
     parser.add_argument("--pools", default=str(DEFAULT_POOLS), help="pool catalogue YAML")
-    parser.add_argument("--policies", type=_policies, default="baselines",
+    parser.add_argument("--policies", type=policies, default="baselines",
                         help="comma list of policies; 'baselines' expands to every baseline")
-    parser.add_argument("--load", type=_checked(_positive_load), default=0.85,
+    parser.add_argument("--load", type=checked(lambda v: finite_at_least(v, 0, "--load", strict=True)), default=0.85,
                         help="offered work / nominal capacity (a finite number > 0)")
     parser.add_argument("--arrival", choices=("poisson", "burst"), default="poisson",
                         help="arrival process of the DAG runs at --load: poisson, or burst (groups of 10 at once, "
                              "the groups Poisson; trainer/workloads.py); default: %(default)s")
-    parser.add_argument("--dag-runs", type=int, default=200, help="DAG runs per simulation")
+    parser.add_argument("--dag-runs", type=checked_int(lambda v: int_at_least(v, 1, "--dag-runs")), default=200,
+                        help="DAG runs per simulation")
     parser.add_argument("--checkpoint", default=None,
                         help="checkpoint folder of the 'drl' policy (default: policy/checkpoints/default); "
                              "several joined by commas: their ensemble (mean logits, the first one's decoder settings)")
-    parser.add_argument("--seed", type=int, default=0, help="first seed")
-    parser.add_argument("--seeds", type=int, default=1, help="number of seeds (seed, seed+1, ...)")
-    parser.add_argument("--duration-noise", type=float, default=0.3, help="log-normal sigma of run times")
-    parser.add_argument("--failure-rate", type=float, default=0.0, help="probability a try fails")
-    parser.add_argument("--dispatch-latency", type=float, default=0.0, help="seconds per dispatch")
+    parser.add_argument("--seed", type=checked_int(lambda v: int_at_least(v, 0, "--seed")), default=0,
+                        help="first seed (>= 0)")
+    parser.add_argument("--seeds", type=checked_int(lambda v: int_at_least(v, 1, "--seeds")), default=1,
+                        help="number of seeds (seed, seed+1, ...)")
+    parser.add_argument("--duration-noise", type=checked(lambda v: finite_at_least(v, 0, "--duration-noise")),
+                        default=0.3, help="log-normal sigma of run times")
+    parser.add_argument("--failure-rate", type=checked(lambda v: probability(v, "--failure-rate")), default=0.0,
+                        help="probability a try fails, in [0, 1)")
+    parser.add_argument("--dispatch-latency", type=checked(lambda v: finite_at_least(v, 0, "--dispatch-latency")),
+                        default=0.0, help="seconds per dispatch")
     parser.add_argument("--scale-in", choices=SCALE_IN_RULES, default="sustained",
                         help="how elastic pools scale in (trainer/cluster.py): sustained (every figure so far) "
                              "or window (Kubernetes HPA's stabilisation window, which KEDA uses)")
-    parser.add_argument("--max-wait-s", type=float, default=None,
+    parser.add_argument("--max-wait-s", type=checked(lambda v: finite_at_least(v, 0, "--max-wait-s")), default=None,
                         help="bound holding as the executor does ([drl_executor] max_wait_s, 60 there): a task "
                              "held this long is placed by the fallback heuristic (default: unbounded)")
-    parser.add_argument("--hold-ratio", type=_checked(check_hold_ratio), default=None,
+    parser.add_argument("--hold-ratio", type=checked(check_hold_ratio), default=None,
                         help="the 'drl' policy's stop guard: stop (hold) is refused while a remaining task has a "
                              "free feasible pool finishing within this factor of its best (default: inf, "
                              "work-conserving; 1: only while its best pool is free, the rule through 8d49468)")
     parser.add_argument("--reserve-busy", type=int, choices=(0, 1), default=None,
                         help="the 'drl' policy's late binding: 1 = a task it gives a pool with no free slot "
                              "reserves that slot and waits, 0 = it is sent (default: as the checkpoint was trained)")
-    parser.add_argument("--cp-gate", type=_checked(functools.partial(check_premium_ratio, name="--cp-gate")),
+    parser.add_argument("--cp-gate", type=checked(functools.partial(check_premium_ratio, name="--cp-gate")),
                         default=None,
                         help="the 'drl' policy's premium gate: a task off its run's critical path may not take a pool "
                              "priced over this factor x its cheapest feasible one per unit of its work (cost-cp's "
@@ -84,44 +99,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cp-gate-scope", choices=CP_GATE_SCOPES, default=None,
                         help="the tasks the premium gate applies to: off-cp (those off their run's critical "
                              "path) or all (every task; default: as the checkpoint was trained)")
-    parser.add_argument("--jobs", type=int, default=1, help="worker processes")
-    parser.add_argument("--json", dest="json_path", default=None, help="write the results here")
-    parser.add_argument("--markdown", default=None, help="write the tables as Markdown here")
-    parser.add_argument("--plots", default=None, help="write PNG plots into this folder")
-
-
-def _policies(text: str) -> str:
-    """An argparse type: a comma list of names :func:`~trainer.baselines.make_placer` knows (an
-    unknown one would otherwise fail only in the first simulation, as a traceback)."""
-    known = {"baselines", LEARNED, *BASELINES, *SLOW}
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError(f"expected a comma list of policies, got {text!r}")
-    for name in names:
-        if name not in known:
-            raise argparse.ArgumentTypeError(
-                f"unknown policy {name!r} in {text!r}; expected 'baselines', {LEARNED!r}, one of "
-                f"{', '.join(SIMPLE + SLOW)}, or ORDER+PLACEMENT with ORDER in {', '.join(ORDERS)} "
-                f"and PLACEMENT in {', '.join(PLACEMENTS)}")
-    return text
-
-
-def _positive_load(load: float) -> float:
-    if not (math.isfinite(load) and load > 0):
-        raise ValueError(f"--load must be a finite number > 0, got {load!r}")
-    return load
-
-
-def _checked(check: Callable[[float], float]) -> Callable[[str], float]:
-    """An argparse type: the text as a float passed through ``check`` (its ``ValueError`` becomes
-    the parser's error message)."""
-    def convert(text: str) -> float:
-        try:
-            return check(float(text))
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    return convert
+    parser.add_argument("--jobs", type=checked_int(lambda v: int_at_least(v, 1, "--jobs")), default=1,
+                        help="worker processes")
+    # the output paths are checked here, before any simulation (found by review: a missing folder
+    # was a traceback after the whole bench, and --json was written when --markdown then failed)
+    parser.add_argument("--json", dest="json_path", type=output_file, default=None, help="write the results here")
+    parser.add_argument("--markdown", type=output_file, default=None, help="write the tables as Markdown here")
+    parser.add_argument("--plots", type=output_folder, default=None,
+                        help="write PNG plots into this folder (made if missing)")
 
 
 def _simulate(catalogue: Catalogue, jobs: list[Job], policy: str, seed: int, config: SimConfig,
@@ -287,11 +272,6 @@ def tables(out: dict[str, Any], markdown: bool = False) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("load", "duration_noise"):
-        if getattr(args, name) < 0:
-            raise SystemExit(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    if args.dag_runs < 1 or args.seeds < 1 or args.jobs < 1:
-        raise SystemExit("--dag-runs, --seeds and --jobs must be >= 1")
     out = run_bench(args)
     print(tables(out))
     print(f"simulated in {out['config']['wall_s']:.1f} s")

@@ -25,9 +25,11 @@ from typing import Any
 import numpy as np
 
 from policy.catalogue import load_catalogue
+from policy.errors import WorkloadError
 from policy.gnn import Attribution, Decoded, GNNPlacer, attribute, explain_row
 from policy.graph import view
 from policy.schema import PlacementRequest
+from trainer.options import checked, checked_int, finite_at_least, int_at_least, output_file
 from trainer.simulator import SimConfig, Simulator
 from trainer.workloads import ArrivalSpec, load_templates, make_jobs
 
@@ -42,21 +44,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workflows", default="mlpipeline", help="workload setting (as in bench)")
     parser.add_argument("--pools", default=str(ROOT / "policy" / "catalogues" / "gpu-affinity.yaml"),
                         help="pool catalogue YAML (default: the GPU-affinity cluster)")
-    parser.add_argument("--load", type=float, default=0.85,
+    parser.add_argument("--load", type=checked(lambda v: finite_at_least(v, 0, "--load", strict=True)), default=0.85,
                         help="offered work / nominal capacity of the simulated stream (as in bench)")
-    parser.add_argument("--duration-noise", type=float, default=0.3,
-                        help="log-normal sigma of realised run times (as in bench)")
-    parser.add_argument("--dag-runs", type=int, default=20, help="DAG runs in the simulated stream")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the stream and its run times")
-    parser.add_argument("--request", type=int, default=10,
-                        help="explain the decision at this decision point (0 = the first)")
+    parser.add_argument("--duration-noise", type=checked(lambda v: finite_at_least(v, 0, "--duration-noise")),
+                        default=0.3, help="log-normal sigma of realised run times (as in bench)")
+    parser.add_argument("--dag-runs", type=checked_int(lambda v: int_at_least(v, 1, "--dag-runs")), default=20,
+                        help="DAG runs in the simulated stream")
+    parser.add_argument("--seed", type=checked_int(lambda v: int_at_least(v, 0, "--seed")), default=0,
+                        help="seed of the stream and its run times (>= 0)")
+    parser.add_argument("--request", type=checked_int(lambda v: int_at_least(v, 0, "--request")), default=10,
+                        help="explain the decision at this decision point (0 = the first; the first after it "
+                             "where the policy sends a task)")
     parser.add_argument("--task", default=None, help="task_id to explain (default: first one sent)")
-    parser.add_argument("--top", type=int, default=8, help="how many nodes and features to list")
-    parser.add_argument("--png", default="explain.png", help="write the DAG heat map here ('' = none)")
+    parser.add_argument("--top", type=checked_int(lambda v: int_at_least(v, 1, "--top")), default=8,
+                        help="how many nodes and features to list")
+    # checked before the simulation (found by review: a missing folder was a traceback after it)
+    parser.add_argument("--png", type=output_file, default="explain.png",
+                        help="write the DAG heat map here ('' = none)")
 
 
 def find_decision(args: argparse.Namespace, placer: GNNPlacer) -> tuple[PlacementRequest, Decoded, int]:
-    """Run the stream with ``placer`` to decision point ``args.request``; decode it there."""
+    """Run the stream with ``placer`` to decision point ``args.request`` (or the first after it
+    where the policy sends a task); decode it there. A stream that ends before is a
+    :class:`~policy.errors.WorkloadError` saying how many decision points it had."""
     catalogue = load_catalogue(args.pools)
     templates = load_templates(args.workflows, np.random.default_rng([args.seed, 3]))
     jobs = make_jobs(templates, catalogue, args.dag_runs, np.random.default_rng([args.seed, 7]),
@@ -64,18 +74,20 @@ def find_decision(args: argparse.Namespace, placer: GNNPlacer) -> tuple[Placemen
     sim = Simulator(catalogue, jobs, seed=args.seed, config=SimConfig(duration_noise=args.duration_noise))
     request = sim.reset()
     k = 0
-    last: tuple[PlacementRequest, Decoded] | None = None
+    found: tuple[PlacementRequest, Decoded] | None = None
     while request is not None:
         dec = placer.decode(request, sim.graphs)
-        if dec.placed_order:
-            last = (request, dec)
-            if k >= args.request:
-                break
+        if dec.placed_order and k >= args.request:
+            found = (request, dec)
+            break
         k += 1
         request = sim.step(placer.place(request, sim.graphs))
-    if last is None:
-        raise SystemExit("the stream ended before the policy placed any task")
-    request, dec = last
+    if found is None:
+        # found by review: the stream's last decision was explained as if it were the one asked for
+        raise WorkloadError(f"--request {args.request}: the stream ({args.dag_runs} DAG runs of "
+                            f"{args.workflows!r}, seed {args.seed}) has {k} decision points, and the policy "
+                            f"sends no task at or after decision point {args.request}")
+    request, dec = found
     if args.task is None:
         row = dec.placed_order[0]
     else:

@@ -26,6 +26,7 @@ from policy.schema import RunGraph
 from trainer.baselines import expand, make_placer
 from trainer.bench import text_table
 from trainer.bounds import critical_path_lb, makespan_lb
+from trainer.options import checked_int, int_at_least, output_file, policies
 from trainer.simulator import Job, Simulator
 from trainer.workloads import load_templates
 
@@ -36,9 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workflows", required=True,
                         help="WfFormat files/folders or a generator name (comma list, as in bench)")
     parser.add_argument("--pools", default=str(DEFAULT_POOLS), help="pool catalogue YAML (default: speeds 1/2/4)")
-    parser.add_argument("--policies", default="heft", help="comma list; 'baselines' expands to every baseline")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the generators and placers")
-    parser.add_argument("--json", dest="json_path", default=None, help="write the rows and medians here")
+    parser.add_argument("--policies", type=policies, default="heft",
+                        help="comma list; 'baselines' expands to every baseline")
+    parser.add_argument("--seed", type=checked_int(lambda v: int_at_least(v, 0, "--seed")), default=0,
+                        help="seed of the generators and placers (>= 0)")
+    parser.add_argument("--json", dest="json_path", type=output_file, default=None,
+                        help="write the rows and medians here")
 
 
 def single_dag_rows(graphs: Sequence[RunGraph], catalogue: Catalogue, policies: Sequence[str],

@@ -79,6 +79,7 @@ from policy.registry import OBJECTIVES
 from policy.schema import Decision, PlacementRequest, RunGraph
 from trainer.baselines import make_placer
 from trainer.metrics import Bounds, summarize
+from trainer.options import finite_at_least, int_at_least, policy_names
 from trainer.simulator import Job, SimConfig, Simulator
 from trainer.workloads import ArrivalSpec, load_templates, make_jobs
 
@@ -135,6 +136,8 @@ class Args:
     #: the objective over them); a p95 of one 30-run stream is its 2nd-longest run, so one stream
     #: can pick a different teacher with each seed
     teacher_streams: int = 1
+    #: the baselines 'auto' chooses each setting's teacher from (comma list; with ``cost_weight``
+    #: the first one's result scales the cost term)
     candidates: str = "srpt+eft,srpt+eftm,fifo+eft,rcp+eft,cost-aware,heft,min-min"
     #: objective to minimise (see the module docstring) and the weight of cost on top of it
     objective: str = "mean_jct"
@@ -242,6 +245,17 @@ class Args:
         check_gate_scope(self.cp_gate_scope)
         if self.pool_loss < 0:
             raise ValueError(f"pool_loss must be >= 0, got {self.pool_loss!r}")
+        # found by review: each of these was a traceback from torch, numpy, the simulator or the
+        # baselines, after --out was made and its log.jsonl truncated
+        int_at_least(self.threads, 1, "threads")
+        int_at_least(self.seed, 0, "seed")
+        int_at_least(self.eval_seed, 0, "eval_seed")
+        finite_at_least(self.load, 0, "load", strict=True)
+        finite_at_least(self.duration_noise, 0, "duration_noise")
+        finite_at_least(self.max_wait_s or 0.0, 0, "max_wait_s")  # None (older manifests) = 0 = unbounded
+        policy_names(self.candidates, baselines_only=True, name="candidates")
+        if self.teacher != "auto" and policy_names(self.teacher, baselines_only=True, name="teacher") != [self.teacher]:
+            raise ValueError(f"teacher must be 'auto' or one baseline, got {self.teacher!r}")
         if not 0.0 < self.rl_size_start <= 1.0:
             raise ValueError(f"rl_size_start must be in (0, 1], got {self.rl_size_start!r}")
         if self.rl_temperature <= 0 or self.rl_clip_coef <= 0 or self.rl_lr <= 0:
@@ -532,11 +546,13 @@ def choose_teachers(settings: Sequence[Setting], catalogue: Catalogue, args: Arg
                  ", ".join(f"{n} {v:.1f}" for n, v in sorted(s.scores.items(), key=lambda kv: kv[1])))
 
 
+def setting_names(spec: str) -> list[str]:
+    """The settings of a ';'-separated spec (``workflows``, ``heldout``, ``rl_select``)."""
+    return [x.strip() for x in spec.split(";") if x.strip()]
+
+
 def settings_from(spec: str, seed: int) -> list[Setting]:
-    out = []
-    for item in [x.strip() for x in spec.split(";") if x.strip()]:
-        out.append(Setting(item, load_templates(item, np.random.default_rng([seed, 3]))))
-    return out
+    return [Setting(item, load_templates(item, np.random.default_rng([seed, 3]))) for item in setting_names(spec)]
 
 
 # --- the loop ----------------------------------------------------------------------------------
@@ -601,10 +617,19 @@ def train(args: Args) -> dict[str, Any]:
     if ckpt is not None and ckpt.members:
         raise CheckpointError(f"--init {args.init}: an ensemble ({ckpt.version}) is not trained as one;"
                               " start from one of its members (manifest 'members')")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"--out {out}: a file is there; a checkpoint is a folder")
+    # every input is read before --out is touched (found by review: a rerun refused for a typo in
+    # --pools truncated the previous run's log.jsonl beside its checkpoint)
+    catalogue = load_catalogue(args.pools)
+    settings = settings_from(args.workflows, args.seed)
+    heldout = settings_from(args.heldout, args.seed + 1) if args.heldout else []
+    select = settings_from(args.rl_select, args.seed + 2) if args.rl_iters and args.rl_select else []
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(args.seed)
-    out = Path(args.out)
+    choose_teachers(settings, catalogue, args)
     out.mkdir(parents=True, exist_ok=True)
     logf = (out / "log.jsonl").open("w")
     tb = tensorboard_writer(out / "tb")
@@ -616,10 +641,6 @@ def train(args: Args) -> dict[str, Any]:
             for tag, value in scalars.items():
                 tb.add_scalar(_TB_ILLEGAL.sub("_", tag), value, global_step)
 
-    catalogue = load_catalogue(args.pools)
-    settings = settings_from(args.workflows, args.seed)
-    heldout = settings_from(args.heldout, args.seed + 1) if args.heldout else []
-    choose_teachers(settings, catalogue, args)
     init_version = ""
     if ckpt is not None:
         model, init_version = upgraded(ckpt.model), ckpt.version  # an older schema gains the new columns
@@ -634,7 +655,6 @@ def train(args: Args) -> dict[str, Any]:
     if args.rl_iters:
         from trainer.rl import reinforce
 
-        select = settings_from(args.rl_select, args.seed + 2) if args.rl_select else []
         choose_teachers(select, catalogue, args)
         rl = reinforce(model, settings, catalogue, args, record, global_step, select=select)
     evaluation = final_evaluation(model, settings, heldout, catalogue, args)
@@ -682,6 +702,11 @@ def _table(evaluation: dict[str, Any], args: Args) -> str:
 
 def run(args: argparse.Namespace) -> int:
     a = dataclass_args(Args, args)
+    if not setting_names(a.workflows):
+        # here, not in Args: finetune trains on its traces with workflows="" (found by review: an
+        # unset shell variable saved an untrained model as a checkpoint, exit status 0)
+        raise SystemExit(f"error: --workflows names no training setting (';'-separated workload families or "
+                         f"WfFormat paths), got {a.workflows!r}")
     summary = train(a)
     print(_table(summary["evaluation"], a))
     t = summary["training"]
