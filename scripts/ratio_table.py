@@ -39,12 +39,45 @@ def family(setting: str) -> str:
 
 def _table(path: str, metric: str) -> dict[str, dict[str, float]]:
     """``metric`` per policy and setting family of one bench JSON (the lowest where a family
-    appears twice)."""
+    appears twice). A value that is not > 0 (a rate of 0 SLA violations) stops the script naming
+    it: no ratio to it, and no geometric mean with it (found by review: drl's own 0, or a
+    baseline's under ``--reference per-setting-rule``/``best-fixed``, was a math domain error)."""
     out: dict[str, dict[str, float]] = {}
     for r in json.loads(Path(path).read_text())["results"]:
         row, key = out.setdefault(r["policy"], {}), family(r["setting"])
-        row[key] = min(row.get(key, math.inf), r[metric])
+        value = r[metric]
+        if not value > 0:
+            raise SystemExit(f"{path}: {metric} of {r['policy']} on {key} is {value}: no ratio nor geometric "
+                             "mean takes it (a rate of 0: compare that family apart)")
+        row[key] = min(row.get(key, math.inf), value)
     return out
+
+
+#: what a bench JSON's ``config`` must share with the baselines' for a ratio to pair the same
+#: streams (each setting's stream is drawn from its seed and position), and each one's default
+_SAME_STREAMS = {"seeds": None, "load": None, "arrival": "poisson", "dag_runs": None, "duration_noise": None,
+                 "failure_rate": 0.0, "dispatch_latency_s": 0.0, "max_wait_s": None, "scale_in": "sustained"}
+
+
+def check_same_streams(base: str, other: str) -> None:
+    """Stop, naming the first difference, when the bench JSON ``other`` ran other streams than
+    ``base``: other seeds, settings in another order, another load, size, noise, bound or pool
+    catalogue (found by review: only family names were matched, so a checkpoint benched with its
+    ``--workflows`` in another order was divided by the baselines of other arrival draws). Files
+    without a ``config`` are not checked; paths compare by their last part (another checkout)."""
+    a, b = (json.loads(Path(p).read_text()).get("config") for p in (base, other))
+    if not a or not b:
+        return
+    for key, default in _SAME_STREAMS.items():
+        mine, theirs = (default if c.get(key) is None else c.get(key) for c in (b, a))  # older files: None
+        if mine != theirs:
+            raise SystemExit(f"{other}: {key} {mine!r}, and {base} ran {theirs!r}: other streams")
+    families = [[family(w) for w in c.get("workflows", [])] for c in (a, b)]
+    if families[0] != families[1]:
+        raise SystemExit(f"{other}: settings {families[1]}, and {base} ran {families[0]}: each stream is drawn "
+                         "from its seed and its position, so these are other streams")
+    if Path(str(a.get("pools"))).name != Path(str(b.get("pools"))).name:
+        raise SystemExit(f"{other}: pools {b.get('pools')}, and {base} ran {a.get('pools')}")
 
 
 def _best(table: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -119,11 +152,8 @@ def main() -> None:
         per_family: dict[str, list[float]] = {}
         for seed in args.seeds:
             best = refs[seed]
+            check_same_streams(f"{args.base}-{seed}.json", f"{prefix or name}-{seed}.json")
             mine = _table(f"{prefix or name}-{seed}.json", args.metric)["drl"]
-            zero = sorted(k for k in mine if best[k] <= 0)
-            if zero:  # a rate (SLA violations) can be 0: no ratio, and no geometric mean with it
-                raise SystemExit(f"{args.metric} of the reference is 0 on {', '.join(zero)} (seed {seed}): "
-                                 "no ratio to it")
             ratios = {k: v / best[k] for k, v in mine.items()}
             per_seed.append(_geomean(list(ratios.values())))
             for k, v in ratios.items():

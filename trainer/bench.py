@@ -27,6 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from policy.catalogue import Catalogue, load_catalogue
+from policy.errors import WorkloadError
 from policy.features import CP_GATE_SCOPES, HOLD_RATIO, check_hold_ratio, check_premium_ratio
 from trainer.baselines import LEARNED, expand, make_placer
 from trainer.metrics import Bounds, average, summarize
@@ -140,6 +141,12 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     catalogue = load_catalogue(args.pools)
     policies = expand(args.policies)
     settings = args.workflows or ["seed"]
+    repeated = sorted({s for s in settings if settings.count(s) > 1})
+    if repeated:
+        # found by review: the per-setting best is keyed by the setting, so the second stream's
+        # overwrote the first's and the first was divided by the other stream's best
+        raise WorkloadError(f"--workflows {', '.join(repeated)} given twice: one stream per setting (a second "
+                            "would be other arrival draws; use --seeds for more)")
     config = SimConfig(duration_noise=args.duration_noise, failure_rate=args.failure_rate,
                        dispatch_latency_s=args.dispatch_latency, max_wait_s=args.max_wait_s,
                        scale_in=args.scale_in)
