@@ -238,8 +238,11 @@ class GNNPlacer:
         return stacked_weights([weights] + [m._weights for m in self.members]) if self.members else weights
 
     def forget_run(self, key: tuple[str, str]) -> None:
-        """Drop the cached embeddings of run ``(run_key, digest)`` (its graph left the server's cache)."""
+        """Drop the cached embeddings of run ``(run_key, digest)`` (its graph left the server's cache),
+        its ensemble members' too (found by review: they kept theirs, up to 512 runs each)."""
         self._embed.discard(key)
+        for m in self.members:
+            m.forget_run(key)
 
     # --- decoding ------------------------------------------------------------------------------
 
@@ -496,6 +499,10 @@ class GNNPlacer:
             tx, tei, tnr = upload([x, ei, node_run], self.device)
             h, summary = self.model.encode_graph(tx, tei, tnr, len(new))
             for (pos, rf), h_run, s_run in zip(new, h.split(sizes), summary, strict=True):
+                if len(new) > 1:
+                    # its own storage (found by review: a slice of the batch's tensor kept every
+                    # run encoded with it alive, a dropped 3,000-task run for a cached 3-task one)
+                    h_run, s_run = h_run.clone(), s_run.clone()
                 hs[pos], ss[pos] = h_run, s_run
                 self._embed.put((rf.run_key, rf.digest), (h_run, s_run))
         h_list = [t for t in hs if t is not None]

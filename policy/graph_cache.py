@@ -23,12 +23,15 @@ def estimate_bytes(graph: RunGraph) -> int:
     """A cheap estimate of the memory one cached run costs a GNN server: the parsed graph, its
     :class:`~policy.graph.GraphView`, its run features and node embeddings (objects, not JSON).
     Calibrated against tracemalloc on layered graphs of 50 to 1,000 tasks (~2 edges per task,
-    7-character task ids): 184 KiB measured at 200 tasks; ``tests/policy/test_graph_cache.py``
-    keeps it within 0.8-1.25 x of what is measured."""
+    7-character task ids; 178 KiB measured at 200 tasks), chains, and runs of up to 64 parents
+    a task (~720 bytes a task, ~140 an edge); ``tests/policy/test_graph_cache.py`` keeps it
+    within 0.8-1.25 x of what is measured. The embeddings counted are one model's: an ensemble's
+    members add ~128 bytes a task each (a 2-model default: ~15% more than this at 2 edges a task)."""
     # every string counts (found by review: a 1 MB kind or run key per task was not counted, and
-    # the cache's byte bound held a few hundred KiB of estimate for 430 MiB)
-    return (1024 + len(graph.run_key) + 80 * len(graph.edges)
-            + sum(800 + len(t.task_id) + len(t.kind) + len(t.pool or "") for t in graph.tasks))
+    # the cache's byte bound held a few hundred KiB of estimate for 430 MiB); an edge costs ~140
+    # bytes (found by review: 80 put runs of 64 parents a task at 0.6 x their cost)
+    return (1024 + len(graph.run_key) + 140 * len(graph.edges)
+            + sum(720 + len(t.task_id) + len(t.kind) + len(t.pool or "") for t in graph.tasks))
 
 
 @dataclass
@@ -69,6 +72,10 @@ class GraphCache:
 
     def __contains__(self, key: tuple[str, str]) -> bool:
         return self.get(*key) is not None
+
+    def holds(self, key: tuple[str, str]) -> bool:
+        """Whether ``key`` has an entry (expired or not), without using it (``in`` refreshes it)."""
+        return key in self._entries
 
     def put(self, graph: RunGraph) -> CachedGraph:
         """Insert (or refresh) ``graph``; returns its entry."""

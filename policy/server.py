@@ -190,6 +190,8 @@ class PolicyServer:
         self.config = config
         self.keys = Keys(config.prefix)
         self.metrics = ServerMetrics()
+        #: while a batch is handled, the runs the cache dropped meanwhile (see :meth:`handle`)
+        self._dropped: set[tuple[str, str]] | None = None
         self.cache = GraphCache(
             max_entries=config.graph_cache_entries,
             max_bytes=config.graph_cache_bytes,
@@ -410,6 +412,9 @@ class PolicyServer:
             entries = self._claim(r)
         if not entries:
             entries = self._read(r, self.config.batch_max, self.config.block_ms)
+        # when each entry was read (found by review: stamped in handle(), after the batch wait,
+        # so request_seconds and server_ms left out the up to batch_wait_ms a request waited)
+        read_at = dict.fromkeys((eid for eid, _ in entries), time.perf_counter())
         if entries and self.config.batch_wait_ms > 0:
             # Poll without BLOCK: Redis times a blocked read out on its cron tick (every 100 ms at
             # the default hz 10), so "BLOCK 2" on an idle stream returns after ~100 ms, not 2.
@@ -418,6 +423,7 @@ class PolicyServer:
                 more = self._read(r, self.config.batch_max - len(entries), None)
                 if more:
                     entries.extend(more)
+                    read_at.update(dict.fromkeys((eid for eid, _ in more), time.perf_counter()))
                     continue
                 left = until - time.monotonic()
                 if left <= 0:
@@ -425,7 +431,7 @@ class PolicyServer:
                 self._stop.wait(min(left, _BATCH_POLL_S))
         if not entries:
             return 0
-        jobs = self.handle(entries)
+        jobs = self.handle(entries, read_at)
         try:
             self._reply(r, jobs)
         except redis.RedisError:
@@ -533,7 +539,13 @@ class PolicyServer:
 
     def _forget_run(self, key: tuple[str, str]) -> None:
         """A graph left the cache: drop what was derived from it, so the cache's bounds hold for
-        the whole of a run's memory (see :mod:`policy.graph_cache`)."""
+        the whole of a run's memory (see :mod:`policy.graph_cache`); during a batch, again after
+        it, unless the batch cached the run again (its decision derives it anew)."""
+        if self._dropped is not None:
+            self._dropped.add(key)
+        self._forget_derived(key)
+
+    def _forget_derived(self, key: tuple[str, str]) -> None:
         view.discard(key)
         run_features.discard(key)
         forget = getattr(self.placer, "forget_run", None)
@@ -567,14 +579,30 @@ class PolicyServer:
 
     # --- the batch, without Redis (unit-testable) --------------------------------------------
 
-    def handle(self, entries: Sequence[tuple[bytes, Mapping[bytes, bytes]]]) -> list[_Job]:
-        """Decode, resolve, decide and build replies for a batch of stream entries."""
-        read_at = time.perf_counter()
+    def handle(self, entries: Sequence[tuple[bytes, Mapping[bytes, bytes]]],
+               read_at: Mapping[bytes, float] | None = None) -> list[_Job]:
+        """Decode, resolve, decide and build replies for a batch of stream entries (``read_at``:
+        when each was read off the stream, ``time.perf_counter()``; now if not given)."""
+        self._dropped = set()  # runs the cache drops while this batch is handled
+        try:
+            return self._handle(entries, read_at or {})
+        finally:
+            # found by review: a run the cache dropped while the batch was resolved had its view,
+            # features and embeddings rebuilt by the decision after on_drop had fired, and they
+            # outlived it in the memos, outside the byte bound
+            dropped, self._dropped = self._dropped, None
+            for key in dropped:
+                if not self.cache.holds(key):
+                    self._forget_derived(key)
+
+    def _handle(self, entries: Sequence[tuple[bytes, Mapping[bytes, bytes]]],
+                read_at: Mapping[bytes, float]) -> list[_Job]:
+        now = time.perf_counter()
         jobs: list[_Job] = []
         self._store_graphs = {}
         self._touch_graphs = set()
         for entry_id, fields in entries:
-            job = _Job(entry_id=entry_id, read_at=read_at, entry_ms=_entry_ms(entry_id))
+            job = _Job(entry_id=entry_id, read_at=read_at.get(entry_id, now), entry_ms=_entry_ms(entry_id))
             jobs.append(job)
             try:
                 self._decode(job, fields)
@@ -602,7 +630,7 @@ class PolicyServer:
                 decisions=tuple(res),
                 policy=self.placer.name,
                 policy_version=self.placer.version,
-                server_ms=(decided_at - read_at) * 1e3,
+                server_ms=(decided_at - job.read_at) * 1e3,
             )
         self.batches += 1
         self.metrics.batch_size.observe(len(jobs))

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from server_helpers import request
 
+from policy.config import ServerConfig
+from policy.features import run_features
+from policy.graph import view
 from policy.graph_cache import GraphCache, estimate_bytes
-from policy.schema import RunGraph, TaskNode
+from policy.schema import RunGraph, TaskNode, dumps
 
 
 def graph(run_key: str, n: int = 3, duration: float = 1.0) -> RunGraph:
@@ -129,19 +133,24 @@ def layered(n: int, run_key: str) -> RunGraph:
     return RunGraph(run_key=run_key, tasks=tasks, edges=edges)
 
 
-@pytest.mark.parametrize("n", [50, 200, 1000])
-def test_estimate_covers_what_a_cached_run_costs(n: int) -> None:
+def dense(n: int, k: int, run_key: str) -> RunGraph:
+    """Every task's ``k`` predecessors are its parents (the schema allows 64 edges a task)."""
+    tasks = tuple(TaskNode(task_id=f"t{i:06d}", duration_s=1.0 + i % 7) for i in range(n))
+    return RunGraph(run_key, tasks, tuple((p, i) for i in range(1, n) for p in range(max(0, i - k), i)))
+
+
+@pytest.mark.parametrize(("n", "parents"), [(50, 0), (200, 0), (1000, 0), (1000, 16), (1000, 64)])
+def test_estimate_covers_what_a_cached_run_costs(n: int, parents: int) -> None:
     """The byte bound is only a bound if the estimate is near what a run really holds in a GNN
     server: the graph parsed from JSON, its view, its run features and its node embeddings
-    (hidden 32, float32: torch's memory is not traced, so counted from the shape)."""
+    (hidden 32, float32: torch's memory is not traced, so counted from the shape). Layered runs
+    (``parents`` 0) and runs of 16 or 64 parents a task (found by review: an edge was counted at 80
+    bytes for ~140, so those runs were estimated at 0.6-0.7 x their cost)."""
     import json
     import tracemalloc
 
-    from policy.features import run_features
-    from policy.graph import view
-
-    runs = 20
-    blob = json.dumps(layered(n, "r").to_json())
+    runs = 20 if not parents else 3
+    blob = json.dumps((dense(n, parents, "r") if parents else layered(n, "r")).to_json())
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
@@ -172,3 +181,86 @@ def test_long_strings_count_against_the_memory_bound() -> None:
     cache.put(big)
     cache.put(RunGraph("other", big.tasks, ()))
     assert cache.bytes <= 1_000_000 and len(cache) == 1
+
+
+# --- found by review (2026-12-06): what a dropped run leaves behind ---
+
+
+def gnn_placer(members: int = 0):  # type: ignore[no-untyped-def]
+    import torch
+
+    from policy.gnn import GNNPlacer
+    from policy.model import ModelConfig, PlacementGNN
+
+    torch.manual_seed(0)
+    placer = GNNPlacer(PlacementGNN(ModelConfig()), step_kernel="numpy")
+    if members:
+        placer.with_members([(f"m{i}", PlacementGNN(ModelConfig())) for i in range(members)])
+    return placer
+
+
+def _entry(i: int, g: RunGraph) -> tuple[bytes, dict[bytes, bytes]]:
+    return (f"{i}-0".encode(), {b"payload": dumps(request([g], [(g.run_key, "t000000")]))})
+
+
+def test_a_graph_evicted_during_a_batch_leaves_its_derived_state_behind() -> None:
+    """The cache drops a graph (and the server its view, run features and embeddings) while the
+    batch that uses it is still being resolved; the placer then decides the batch and rebuilds all
+    three for the dropped run, and nothing ever drops them again (``on_drop`` has fired). Whenever
+    a batch (or one request) carries more runs than the cache's bounds admit, their derived state
+    escapes the byte bound and lives on in the memos' own LRUs (4,096 / 1,024 / 512 entries): the
+    very leak docs/server.md says was fixed."""
+    from policy.server import PolicyServer
+
+    placer = gnn_placer()
+    server = PolicyServer(ServerConfig(graph_cache_entries=1), placer=placer)
+    a, b = layered(30, "review1/batch/a"), layered(30, "review1/batch/b")
+    jobs = server.handle([_entry(1, a), _entry(2, b)])  # one micro-batch of two requests
+    assert all(j.reply is not None and j.reply.ok for j in jobs)
+    gone = (a.run_key, a.digest)
+    assert server.cache.get(*gone) is None  # the cache dropped a: its bound is one graph
+    leaked = [name for name, memo in (("view", view), ("run_features", run_features), ("embeddings", placer._embed))
+              if gone in memo]
+    assert leaked == [], f"derived state of the dropped run {gone} outlives it in: {leaked}"
+
+
+def test_an_ensembles_members_keep_the_embeddings_of_dropped_runs() -> None:
+    """``GNNPlacer.forget_run`` discards the run's embeddings from its own LRU only, not from its
+    ensemble members' (``with_members``; the packaged default checkpoint is a two-model ensemble):
+    every member keeps the embeddings of each run the cache dropped, up to 512 runs each, beyond
+    the byte bound (``clear_cache`` recurses into the members, ``forget_run`` does not)."""
+    from policy.server import PolicyServer
+
+    placer = gnn_placer(members=1)
+    server = PolicyServer(ServerConfig(graph_cache_entries=1), placer=placer)
+    a, b = layered(30, "review1/ensemble/a"), layered(30, "review1/ensemble/b")
+    for i, g in enumerate((a, b)):  # one batch each: b's put drops a between batches
+        jobs = server.handle([_entry(i + 1, g)])
+        assert jobs[0].reply is not None and jobs[0].reply.ok
+    gone = (a.run_key, a.digest)
+    assert gone not in placer._embed  # the placer's own embeddings were forgotten
+    assert gone not in placer.members[0]._embed, "the ensemble member still holds the dropped run's embeddings"
+
+
+def test_cached_embeddings_keep_their_whole_batchs_tensor_alive() -> None:
+    """``GNNPlacer._embeddings_many`` encodes the batch's new runs in one forward and caches each
+    run's rows as ``h.split(sizes)``: views that share the batch's storage. A small run cached
+    beside a large one keeps the large one's embeddings (GPU memory on a GPU) alive after
+    ``forget_run`` dropped it, for as long as the small run stays cached; the byte bound counts
+    each run's own rows only."""
+    from server_helpers import CATALOGUE
+
+    from policy.schema import PlacementRequest, ReadyTask
+
+    placer = gnn_placer()
+    small, large = layered(3, "review1/split/small"), layered(3000, "review1/split/large")
+    reqs = [PlacementRequest(request_id=f"r{i}", ready=(ReadyTask(g.run_key, "t000000"),),
+                             pools=CATALOGUE.states(), runs=(g,)) for i, g in enumerate((small, large))]
+    placer.place_many(reqs, [{small.run_key: small}, {large.run_key: large}])
+    placer.forget_run((large.run_key, large.digest))
+    hit = placer._embed.get((small.run_key, small.digest))
+    assert hit is not None
+    h = hit[0]
+    own = h.numel() * h.element_size()
+    held = h.untyped_storage().nbytes()
+    assert held <= 2 * own, f"a 3-task run's cached embeddings hold {held} bytes ({own} its own)"

@@ -63,7 +63,7 @@ def test_ratio_table_refuses_a_zero_reference(tmp_path: Path, monkeypatch: pytes
             {"policy": p, "setting": s, "sla_violation_rate": v} for p, s, v in rows]}))
     monkeypatch.setattr(sys, "argv", ["ratio_table.py", str(tmp_path / "base"), f"m={tmp_path / 'm'}",
                                       "--seeds", "0", "--metric", "sla_violation_rate"])
-    with pytest.raises(SystemExit, match="sla_violation_rate of srpt\+eft on bwa is 0.0"):
+    with pytest.raises(SystemExit, match=r"sla_violation_rate of srpt\+eft on bwa is 0.0"):
         runpy.run_path(str(SCRIPT), run_name="__main__")
 
 
