@@ -70,11 +70,31 @@ _QUERY = text(
 ).columns(decided_at=DateTime(timezone=True), start_date=DateTime(timezone=True), end_date=DateTime(timezone=True),
            queued_dttm=DateTime(timezone=True))
 
+#: Each run's arrival: its first placement of any try since it was last queued (found by review:
+#: the placements joined above are the current tries' only, so a run whose first task was retried
+#: arrived at the retry; and a run cleared after an export, exported again when it ended again,
+#: arrived at its day-old first placement, shifting every other run of the night's file by a day).
+#: Clearing a finished run queues it again (``queued_at`` = the clear).
+_ARRIVALS = text(
+    """
+    SELECT p.dag_id, p.run_id, MIN(p.decided_at) AS arrived
+    FROM drl_placement p
+    JOIN dag_run r
+      ON r.dag_id = p.dag_id AND r.run_id = p.run_id
+    WHERE r.end_date >= :since AND r.end_date < :until
+      AND (r.queued_at IS NULL OR p.decided_at >= r.queued_at)
+    GROUP BY p.dag_id, p.run_id
+    """
+).bindparams(
+    bindparam("since", type_=DateTime(timezone=True)), bindparam("until", type_=DateTime(timezone=True)),
+).columns(arrived=DateTime(timezone=True))
+
 
 def export_runs(session: Session, catalogue: Catalogue, *, since: dt.datetime, until: dt.datetime,
                 exclude_dags: Sequence[str] = ()) -> list[ReplayRun]:
     """Replay runs of the DAG runs that ended in ``[since, until)`` (a run still going is exported
-    by the window it ends in), ordered by arrival (their first placement)."""
+    by the window it ends in), ordered by arrival (their first placement, of any try, since they were
+    last queued)."""
     excluded = set(exclude_dags) | _tagged_dags(session, EXCLUDE_TAG)
     by_run: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for row in session.execute(_QUERY, {"since": since, "until": until}):
@@ -107,6 +127,7 @@ def export_runs(session: Session, catalogue: Catalogue, *, since: dt.datetime, u
                     ", ".join(f"{p} {n}" for p, n in foreign.most_common(10)))
     builder = GraphBuilder(pool_names=catalogue.names, default_queue="default", default_duration_s=60.0,
                            history_ttl_s=0, vm_classes=vms)
+    arrived = {(r.dag_id, r.run_id): r.arrived for r in session.execute(_ARRIVALS, {"since": since, "until": until})}
     graphs: list[tuple[dt.datetime, RunGraph]] = []
     for (dag_id, run_id), rows in by_run.items():
         try:
@@ -119,7 +140,7 @@ def export_runs(session: Session, catalogue: Catalogue, *, since: dt.datetime, u
             log.warning("export: skipping %s/%s: %d tasks, %d edges, more than a replay run may hold (%d, %d)",
                         dag_id, run_id, len(graph.tasks), len(graph.edges), MAX_TASKS_PER_RUN, MAX_EDGES_PER_RUN)
             continue
-        graphs.append((min(r["decided_at"] for r in rows), graph))
+        graphs.append((arrived.get((dag_id, run_id)) or min(r["decided_at"] for r in rows), graph))
     if not graphs:
         return []
     graphs.sort(key=lambda g: g[0])

@@ -5,9 +5,10 @@
    run's task graph with the durations that were observed, normalised to a speed-1 VM (a run
    still going at export time goes into the next night's file, whole).
 2. ``finetune`` (``drl-trainer finetune``) starts from the active checkpoint, imitates the best
-   heuristic on those replayed runs (and the seed families) for at most ``minutes``, evaluates
-   the candidate against the incumbent on held-out replayed runs in the simulator, and promotes it
-   in the model registry only if it beats the incumbent; policy servers hot-reload it. The
+   heuristic on those replayed runs for at most ``minutes``, evaluates the candidate against the
+   incumbent on held-out replayed runs in the simulator (and on the three seed families as a guard
+   against forgetting), and promotes it in the model registry only if it beats the incumbent;
+   policy servers hot-reload it. The
    objective trained and judged on is the registry's (``drl-policy registry activate --objective``;
    mean JCT unless one was set).
 3. ``prune_traces`` deletes placements decided more than ``keep_days`` ago, and replay files as

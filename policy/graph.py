@@ -39,6 +39,11 @@ class GraphView:
         return sum(t.duration_s for t in self.graph.tasks)
 
 
+def check_dag(graph: RunGraph) -> None:
+    """Raise :class:`SchemaError` when ``graph`` has a cycle (its view is built, not kept)."""
+    _build(graph)
+
+
 def _build(graph: RunGraph) -> GraphView:
     n = len(graph.tasks)
     parents: list[list[int]] = [[] for _ in range(n)]

@@ -10,11 +10,13 @@ this module, which imports neither torch nor Airflow.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from policy.errors import ReplayError, SchemaError
+from policy.graph import check_dag
 from policy.schema import RunGraph
 
 
@@ -55,12 +57,15 @@ def read_replay(path: str | Path) -> list[ReplayRun]:
             if not isinstance(obj, dict) or not isinstance(obj.get("graph"), dict):
                 raise ReplayError(f"{where}: expected {{arrival_s, graph}}")
             arrival = obj.get("arrival_s", 0.0)
-            if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or arrival < 0:
-                raise ReplayError(f"{where}.arrival_s: expected a number >= 0, got {arrival!r}")
+            # found by review: NaN and Infinity (json reads both) passed "arrival < 0", and the
+            # simulator refused the run later without naming the file
+            if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not 0 <= arrival < math.inf:
+                raise ReplayError(f"{where}.arrival_s: expected a finite number >= 0, got {arrival!r}")
             try:
                 graph = RunGraph.from_json(obj["graph"], where)
+                check_dag(graph)  # found by review: a cycle stopped the fine-tune inside its simulator
             except SchemaError as exc:
-                raise ReplayError(str(exc)) from exc
+                raise ReplayError(f"{where}: {exc}" if where not in str(exc) else str(exc)) from exc
             out.append(ReplayRun(graph, float(arrival), str(obj.get("source", ""))))
     out.sort(key=lambda r: r.arrival_s)
     return out

@@ -26,7 +26,7 @@ CATALOGUE = load_catalogue(packaged_catalogue())
 T0 = dt.datetime(2026, 12, 1, 2, 0, tzinfo=dt.UTC)
 
 dag_runs = Table("dag_run", MetaData(), Column("dag_id", String(250)), Column("run_id", String(250)),
-                 Column("end_date", DateTime(timezone=True)))
+                 Column("end_date", DateTime(timezone=True)), Column("queued_at", DateTime(timezone=True)))
 task_instances = Table(
     "task_instance", MetaData(),
     Column("id", TaskInstance.__table__.c.id.type), Column("try_number", Integer), Column("map_index", Integer),
