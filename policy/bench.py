@@ -17,7 +17,8 @@ makes each client start a new DAG run every ``K`` requests (a new ``run_key``, i
 sent once, as a scheduler's finished runs give way to new ones), so the server's per-run caches
 fill to their bounds and evict instead of serving the same few runs throughout. The soak's JSON
 also has ``timeline`` (the replies per second of each ``--rss-every`` interval: whether the rate
-held to the end) and ``replicas_cpu_s`` (the CPU seconds each replica had used at each sample).
+held to the end), ``replicas_cpu_s`` (the CPU seconds each replica had used at each sample) and
+``redis`` (the private redis-server's RSS and CPU seconds at each sample).
 Each client sends its next request when the last is answered (a closed loop, paced to its share
 of ``--rate``), so ``--clients`` bounds the rate to ``clients / mean round trip``: give enough.
 """
@@ -440,10 +441,11 @@ class _RssSampler:
     block: ``samples`` is ``[[seconds since the start, KiB of the first], ...]`` and ``each``
     ``[[seconds, KiB of each], ...]``, first at the start, last at the end (empty without pids: a
     server not started by the bench); ``cpu`` ``[[seconds, CPU seconds each has used], ...]`` at
-    the same times."""
+    the same times; ``redis`` ``[[seconds, KiB, CPU seconds], ...]`` of the private redis-server."""
 
-    def __init__(self, pids: Sequence[int], every_s: float) -> None:
-        self.pids, self.every_s = list(pids), max(every_s, 0.1)
+    def __init__(self, pids: Sequence[int], every_s: float, redis_pid: int | None = None) -> None:
+        self.pids, self.every_s, self.redis_pid = list(pids), max(every_s, 0.1), redis_pid
+        self.redis: list[list[float]] = []
         self.samples: list[list[float]] = []
         self.each: list[list[float]] = []
         self.cpu: list[list[float]] = []
@@ -457,6 +459,8 @@ class _RssSampler:
             self.samples.append([at, kib[0]])
             self.each.append([at, *kib])
             self.cpu.append([at, *(_cpu_s(pid) for pid in self.pids)])
+            if self.redis_pid is not None:
+                self.redis.append([at, _rss_kib(self.redis_pid), _cpu_s(self.redis_pid)])
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
@@ -475,11 +479,11 @@ class _RssSampler:
 
 
 @contextlib.contextmanager
-def _stack(args: argparse.Namespace, keys: Keys) -> Iterator[tuple[str, list[int]]]:
-    """Yield (redis url, the servers' pids, none with --redis) — private processes unless --redis
-    is given."""
+def _stack(args: argparse.Namespace, keys: Keys) -> Iterator[tuple[str, list[int], int | None]]:
+    """Yield (redis url, the servers' pids, redis-server's pid; no pids with --redis): private
+    processes unless --redis is given."""
     if args.redis:
-        yield args.redis, []
+        yield args.redis, [], None
         return
     rs = start_redis()
     servers: list[subprocess.Popen[bytes]] = []
@@ -500,7 +504,7 @@ def _stack(args: argparse.Namespace, keys: Keys) -> Iterator[tuple[str, list[int
                             procs=servers)
         except RuntimeError as exc:
             raise ServerDidNotStart(f"{exc}; the end of its log:\n{_tail(log_path)}") from None
-        yield rs.url, [server.pid for server in servers]
+        yield rs.url, [server.pid for server in servers], rs.proc.pid
     finally:
         for server in servers:
             server.send_signal(signal.SIGTERM)
@@ -616,13 +620,13 @@ def _run(args: argparse.Namespace) -> int:
                            "cpus": os.cpu_count(), "replicas": None if args.redis else args.replicas,
                            "client_procs": args.client_procs,
                            "cases": []}
-    with _stack(args, keys) as (url, pids):
+    with _stack(args, keys) as (url, pids, redis_pid):
         r = redis.Redis.from_url(url)
         wait_for_server(r, keys, count=1 if args.redis else args.replicas)
         device = _server_device(r, keys)
         if args.soak > 0:
             clients = max(args.clients)
-            with _RssSampler(pids, args.rss_every) as rss:
+            with _RssSampler(pids, args.rss_every, redis_pid) as rss:
                 res = run_case(url, keys, catalogue, args.dag_sizes[0], args.ready[0],
                                clients, args.soak, args.seed, device, rate_per_client=args.rate / clients,
                                procs=args.client_procs, new_run_every=args.new_run_every,
@@ -636,7 +640,9 @@ def _run(args: argparse.Namespace) -> int:
                            # every replica's, [seconds, KiB of replica 0, 1, ...] (was: the first only)
                            "replicas_rss_kib": rss.each,
                            # [seconds, CPU seconds replica 0, 1, ... has used]: the cores they took
-                           "replicas_cpu_s": rss.cpu}
+                           "replicas_cpu_s": rss.cpu,
+                           # [seconds, RSS KiB, CPU seconds] of the private redis-server (none with --redis)
+                           "redis": rss.redis}
             print(json.dumps(doc["soak"], indent=2))
         else:
             print(f"{'dag':>5} {'ready':>5} {'cli':>3} {'reqs':>7} {'p50 ms':>8} {'p99 ms':>8}"

@@ -64,6 +64,10 @@ def test_soak_samples_rss_and_turns_runs_over(tmp_path: Path) -> None:
     assert [row[0] for row in cpu] == [row[0] for row in samples] and all(len(row) == 3 for row in cpu)
     assert all(0 <= row[i] <= nxt[i] for row, nxt in itertools.pairwise(cpu) for i in (1, 2))
     assert 0 < cpu[-1][1] - cpu[0][1] < cpu[-1][0] + 0.5
+    # the private redis-server's RSS and CPU seconds, sampled with them (the graph store grows there)
+    rds = soak["redis"]
+    assert [row[0] for row in rds] == [row[0] for row in samples] and all(row[1] > 1000 for row in rds)
+    assert all(0 <= row[2] <= nxt[2] for row, nxt in itertools.pairwise(rds))
     # the rate the clients got, interval by interval: its intervals add up to the requests answered
     timeline = soak["timeline"]
     assert [end for end, _ in timeline] == [0.5, 1.0, 1.5, 2.0]
