@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from policy.transport import redacted_url
+from policy.transport import redacted_url, scrubbed
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 
@@ -118,8 +118,14 @@ def check_redis(cfg: Any, timeout_s: float) -> tuple[Finding, Any]:
         r.ping()
         ms = (time.perf_counter() - t0) * 1e3
     except Exception as exc:  # noqa: BLE001 - a wrong password, TLS, DNS, refused: all are the finding
-        return Finding("redis", FAIL, f"{url}: {type(exc).__name__}: {exc}"), None
+        return Finding("redis", FAIL, f"{url}: {scrubbed(f'{type(exc).__name__}: {exc}', cfg.redis_url)}"), None
     return Finding("redis", OK, f"{url} answered PING in {ms:.1f} ms"), r
+
+
+def _printable(text: str) -> str:
+    """``text`` encodable as UTF-8 (found by review: a heartbeat's JSON may hold an escaped lone
+    surrogate, which no page or terminal can print: HTTP 500 for the whole placements page)."""
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def check_servers(cfg: Any, r: Any) -> Finding:
@@ -147,7 +153,7 @@ def check_servers(cfg: Any, r: Any) -> Finding:
         age = heartbeat_age(raw, now)
         objective = doc.get("objective")  # None: a heuristic-only server, or one older than objectives
         aim = f" for {objective}" if objective else ""
-        text = f"{name} {doc.get('version', '?')}{aim} on {doc.get('device', '?')} ({age:.1f} s ago)"
+        text = _printable(f"{name} {doc.get('version', '?')}{aim} on {doc.get('device', '?')} ({age:.1f} s ago)")
         (live if age <= cfg.server_stale_after_s else stale).append(text)
         if objective and age <= cfg.server_stale_after_s:
             objectives.add(str(objective))

@@ -71,8 +71,9 @@ def _serving() -> str:
 
     try:
         cfg = ExecutorConfig.from_conf(conf)
-    except ValueError as exc:
-        return f"unknown ({exc})"
+    except Exception as exc:  # noqa: BLE001 - found by review: a redis_url_cmd that fails here (the
+        # api-server lacks the scheduler's secret) raised AirflowConfigException: HTTP 500 for the page
+        return f"unknown ({type(exc).__name__}: {exc})"
     reached, r = check_redis(cfg, 0.5)
     if r is None:
         return f"unknown (Redis {reached.detail})"

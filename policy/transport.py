@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
@@ -79,6 +80,27 @@ def check_ca_cert(redis_url: str, ca_cert: str | None) -> None:
 
 #: query parameters of a Redis URL that are secrets (redis-py reads ``?password=`` too)
 _SECRET_PARAMS = frozenset({"password", "username", "user"})
+
+
+def scrubbed(text: str, url: str) -> str:
+    """``text`` (an error message) without the secrets of the Redis URL ``url``: its password, each
+    piece of it between ``/ ? # @ :`` (found by review: redis-py's "Port could not be cast to
+    integer value as '<password up to its first />'" put the password on the placements page),
+    and the values of its ``password`` / ``username`` query parameters."""
+    scheme, sep, rest = url.partition("://")
+    secrets: set[str] = set()
+    authority = rest.split("/", 1)[0] if "@" not in rest else rest.rsplit("@", 1)[0]
+    if sep and "@" in rest:
+        password = authority.split(":", 1)[1] if ":" in authority else authority
+        secrets.update([password, *re.split(r"[/?#@:]", password)])
+    query = rest.partition("?")[2].partition("#")[0]
+    try:
+        secrets.update(v for k, v in parse_qsl(query, keep_blank_values=True) if k.lower() in _SECRET_PARAMS)
+    except ValueError:
+        pass
+    for secret in sorted((s for s in secrets if len(s) >= 3), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 def redacted_url(url: str) -> str:
