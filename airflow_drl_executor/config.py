@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol
 
-from policy.transport import check_ca_cert, redacted_url
+from policy.transport import check_ca_cert, check_url, redacted_url
 
 SECTION = "drl_executor"
 
@@ -138,6 +138,10 @@ class ExecutorConfig:
         if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"[{SECTION}] redis_url must start with redis://, rediss:// or unix://, "
                              f"got {redacted_url(self.redis_url)!r}")
+        try:
+            check_url(self.redis_url)
+        except ValueError as exc:
+            raise ValueError(f"[{SECTION}] redis_url: {exc}") from None
         try:
             check_ca_cert(self.redis_url, self.redis_ca_cert)
         except ValueError as exc:

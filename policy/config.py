@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from policy.errors import PolicyError
 from policy.features import HOLD_RATIO, check_gate_scope, check_hold_ratio, check_premium_ratio
 from policy.registry import OBJECTIVES
-from policy.transport import DEFAULT_PREFIX, check_ca_cert, redacted_url
+from policy.transport import DEFAULT_PREFIX, check_ca_cert, check_url, redacted_url
 
 ENV_PREFIX = "DRL_POLICY_"
 PLACERS = ("auto", "eft", "gnn")
@@ -150,6 +150,10 @@ class ServerConfig:
         scheme = urlsplit(self.redis_url).scheme
         if scheme not in ("redis", "rediss", "unix"):
             raise ConfigError(f"redis_url: scheme must be redis, rediss or unix, got {scheme!r}")
+        try:
+            check_url(self.redis_url)
+        except ValueError as exc:
+            raise ConfigError(f"redis_url: {exc}") from None
         try:
             check_ca_cert(self.redis_url, self.redis_ca_cert)
         except ValueError as exc:

@@ -350,8 +350,9 @@ class PolicyServer:
         kwargs: dict[str, Any] = {
             "socket_connect_timeout": 2.0,
             "socket_timeout": self.config.block_ms / 1000 + 5.0,
-            "socket_keepalive": True,
         }
+        if not self.config.redis_url.startswith("unix://"):  # found by review: a unix socket
+            kwargs["socket_keepalive"] = True  # connection refuses it: every unix:// server crashed
         kwargs.update(tls_options(self.config.redis_url, self.config.redis_ca_cert))
         r = redis.Redis.from_url(self.config.redis_url, **kwargs)
         r.ping()

@@ -45,7 +45,7 @@ def test_the_redis_password_is_not_shown_when_redis_py_cannot_parse_the_url(monk
     page = _client(monkeypatch).get("/")
     assert page.status_code == 200
     serving = page.text.split('<p id="serving">')[1].split("</p>")[0]
-    assert "unknown (Redis redis://:***@127.0.0.1:1/0" in serving, serving
+    assert "unknown (" in serving and "redis://:***@127.0.0.1:1/0 does not parse" in serving, serving
     assert "Zq8s3cr3tPw" not in serving, f"the password is on the page: {serving}"
 
 
@@ -78,3 +78,13 @@ def test_a_heartbeat_with_a_lone_surrogate_does_not_take_the_page_down(redis_url
     page = _client(monkeypatch).get("/")
     assert page.status_code == 200, f"HTTP {page.status_code}: one heartbeat took the page down"
     assert '<p id="serving">Policy servers: 1 live: c0 ckpt-' in page.text
+
+
+def test_the_executor_refuses_a_redis_url_that_does_not_parse_without_its_password() -> None:
+    """The same URL in ``[drl_executor] redis_url``: one line naming the setting, no password."""
+    from airflow_drl_executor.config import ExecutorConfig
+
+    with pytest.raises(ValueError, match="redis_url: .* does not parse") as err:
+        ExecutorConfig(redis_url="redis://:Zq8s3cr3tPw/xTail@127.0.0.1:1/0")
+    assert "Zq8s3cr3tPw" not in str(err.value)
+

@@ -292,3 +292,35 @@ def test_a_housekeeping_failure_keeps_the_heartbeat_and_is_logged_once(start_ser
     time.sleep(1.2)  # six heartbeats, several prunes
     assert rclient.hexists(KEYS.heartbeat, "replica-a") and rs.thread.is_alive()
     assert sum("pruning heartbeats" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_unix_socket_redis_url_is_served(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Found by review: ``unix://`` is an accepted scheme, but the server passed ``socket_keepalive``,
+    which a unix socket connection refuses: every such server crashed at its first connection."""
+    import shutil
+    import subprocess
+
+    from policy.config import ServerConfig
+    from policy.server import PolicyServer
+
+    sock = tmp_path / "redis.sock"
+    proc = subprocess.Popen([str(shutil.which("redis-server")), "--port", "0", "--unixsocket", str(sock),
+                             "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        server = PolicyServer(ServerConfig(redis_url=f"unix://{sock}", prefix=KEYS.prefix, placer="eft",
+                                           catalogue=None))
+        server._connect()
+        r = redis.Redis(unix_socket_path=str(sock))
+        send(r, request([chain("u")], [("u", "t0")], request_id="over-unix"))
+        assert server.step() == 1
+        reply = wait_reply(r, "over-unix")
+        assert reply is not None and reply.ok
+        r.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+

@@ -149,3 +149,15 @@ def test_serve_does_not_make_a_tree_of_folders_for_a_mistyped_registry(tmp_path:
         out = proc.communicate(timeout=20)[0]
     assert not (tmp_path / "no").exists(), f"made {sorted(str(p) for p in (tmp_path / 'no').rglob('*'))[:4]}"
     assert proc.returncode == 2, out[-600:]
+
+
+def test_a_redis_url_that_does_not_parse_is_refused_without_its_password() -> None:
+    """Found by review: a password holding ``/`` unencoded made redis-py raise "Port could not be
+    cast to integer value as '<password>'" at the first connection: a traceback with the password
+    in it, in every replica's log."""
+    proc = subprocess.run([sys.executable, "-m", "policy.cli", "--log-level", "WARNING", "serve", "--redis",
+                           "redis://:Zq8s3cr3tPw/xTail@127.0.0.1:1/0", "--placer", "eft"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2 and "redis_url" in proc.stderr and "percent-encode" in proc.stderr, proc.stderr
+    assert "Zq8s3cr3tPw" not in proc.stderr and "xTail" not in proc.stderr and "Traceback" not in proc.stderr
+
