@@ -356,8 +356,11 @@ class Stack:
         self.spawn("api-server", [airflow, "api-server", "--port", str(self.ports.api), "--host", "127.0.0.1"], env)
         self.spawn("scheduler", [airflow, "scheduler"], env)
         self.spawn("dag-processor", [airflow, "dag-processor"], env)
-        # deferrable operators wait in the triggerer (without one they stay deferred for ever)
-        self.spawn("triggerer", [airflow, "triggerer"], env)
+        # deferrable operators wait in the triggerer (without one they stay deferred for ever).
+        # No log servers (found by review: Airflow binds them on every interface, the triggerer's
+        # on the fixed 8794 that a second stack cannot bind; on one host the api-server reads the
+        # log files from the shared folder)
+        self.spawn("triggerer", [airflow, "triggerer", "--skip-serve-logs"], env)
         for i, (pool, concurrency) in enumerate(POOLS):
             wenv = dict(env)
             name = f"{pool}@{socket.gethostname()}"
@@ -368,7 +371,7 @@ class Stack:
             })
             self.spawn(f"worker-{pool}", [airflow, "celery", "worker", "-q", pool, "-H", f"{pool}@%h",
                                           "--concurrency", str(concurrency), "--without-mingle",
-                                          "--without-gossip"], wenv)
+                                          "--without-gossip", "--skip-serve-logs"], wenv)
         self.wait("api-server", self._api_healthy, 180)
         self.wait("scheduler", lambda: self._component_healthy("scheduler"), 180)
         self.wait("dag-processor", lambda: self._component_healthy("dag_processor"), 180)

@@ -17,7 +17,9 @@ from policy import server
 from policy.catalogue import load_catalogue
 
 REPO = Path(__file__).resolve().parents[1]
-COMPOSE = yaml.safe_load((REPO / "docker-compose.yaml").read_text())
+COMPOSE_TEXT = (REPO / "docker-compose.yaml").read_text()
+COMPOSE = yaml.safe_load(COMPOSE_TEXT)
+SERVICES: dict[str, dict] = COMPOSE["services"]
 
 
 def test_one_worker_per_demo_pool() -> None:
@@ -141,9 +143,162 @@ def test_airflows_metrics_reach_the_statsd_exporter() -> None:
     """The executor's metrics (airflow_drl_executor/metrics.py) go where Airflow's go: every Airflow
     container sends StatsD to the exporter service, on the port it listens on."""
     svc = COMPOSE["services"]["statsd-exporter"]
-    assert "9102:9102" in svc["ports"]
+    assert "127.0.0.1:9102:9102" in svc["ports"]  # on loopback (found by review: every interface)
     for name, airflow in COMPOSE["services"].items():
         env = airflow.get("environment", {})
         if env.get("AIRFLOW__CORE__EXECUTOR"):
             assert (env["AIRFLOW__METRICS__STATSD_ON"], env["AIRFLOW__METRICS__STATSD_HOST"],
                     env["AIRFLOW__METRICS__STATSD_PORT"]) == ("True", "statsd-exporter", "9125"), name
+
+
+# --- found by review (2026-12-06) ---
+
+
+#: ``${NAME:-default}`` where NAME names a secret
+_SECRET_DEFAULT = re.compile(r"\$\{(?P<name>[A-Z_]*(?:PASSWORD|SECRET|FERNET|KEY)[A-Z_]*):-(?P<default>[^}]+)\}")
+
+
+def _published_on_every_interface() -> dict[str, list[str]]:
+    """Service -> its published ports that name no host address (Docker binds them to 0.0.0.0)."""
+    out: dict[str, list[str]] = {}
+    for name, svc in SERVICES.items():
+        for port in svc.get("ports", []):
+            spec = str(port["published"] if isinstance(port, dict) else port)
+            host_ip = port.get("host_ip", "") if isinstance(port, dict) else ""
+            parts = spec.split(":")
+            if not host_ip and len(parts) == 3:
+                host_ip = parts[0]
+            if len(parts) >= 2 and host_ip not in ("127.0.0.1", "::1", "localhost"):
+                out.setdefault(name, []).append(spec)
+    return out
+
+
+def test_no_secret_committed_in_the_compose_file_guards_a_port_published_on_every_interface() -> None:
+    """`docker compose up -d --build` (the header's first command) publishes the api-server on
+    0.0.0.0:8080 (and the metrics on 9100-9102), while the JWT secret that signs every UI/REST
+    token (``change-me-three``), the API secret key, the Fernet key and the DB/Redis passwords
+    default to values committed in this repository. Anyone who can reach the host's port 8080
+    can mint an admin token with the public JWT secret, and connection passwords are encrypted
+    with a public Fernet key. The header's "change the passwords before exposing anything" does
+    not help: the file itself exposes the port. A deployer who forgot the .env sees a working
+    stack, not an error.
+
+    Fix: make the secrets required (``${AIRFLOW_JWT_SECRET:?set it in .env}``, likewise the API
+    secret key, the Fernet key and the passwords; a ``make compose-env`` that writes a .env of
+    generated values), or publish on loopback (``"127.0.0.1:8080:8080"``). The existing
+    ``test_every_airflow_container_shares_one_fernet_key`` reads the default after ``:-`` and
+    would need to follow."""
+    defaults = sorted({m["name"] for m in _SECRET_DEFAULT.finditer(COMPOSE_TEXT)})
+    exposed = _published_on_every_interface()
+    assert not (defaults and exposed), (
+        f"published on every interface: {exposed}; secrets with a default committed here: {defaults}")
+
+
+def test_the_env_file_the_compose_header_asks_for_is_git_ignored() -> None:
+    """The compose header says to put the passwords "in an .env file" (Compose reads ``.env`` from
+    the project folder: the repository root), but ``.env`` is not in .gitignore: the next
+    ``git add -A`` of a deployment checkout commits the Redis, PostgreSQL, JWT and Fernet
+    secrets. Fix: add ``.env`` to .gitignore (and to .dockerignore, so it stays out of the build
+    context)."""
+    assert "an .env file" in COMPOSE_TEXT
+    ignored = {line.strip() for line in (REPO / ".gitignore").read_text().splitlines()}
+    assert ignored & {".env", "/.env", ".env*", "/.env*", "*.env"}, ".env is not git-ignored"
+
+
+def test_airflow_containers_depend_on_the_statsd_exporter_they_send_to() -> None:
+    """Every Airflow container sends StatsD to ``statsd-exporter`` (README, "Deploying": the
+    executor's ``drl_executor.*`` metrics included), and none depends on that service. Airflow
+    resolves the StatsD host once per process: when the name does not resolve at its first
+    metric (the exporter not started yet or restarting: ``docker compose up -d scheduler``, an
+    exporter that crashed), ``_get_backend`` logs one error and keeps a ``NoStatsLogger`` for
+    the life of the process (airflow/_shared/observability/metrics/stats.py), so that scheduler
+    sends no metric at all until it is restarted; a recreated exporter (new IP) is likewise
+    never found again. Prometheus then shows the executor's placements and fallbacks flat, as
+    if nothing was scheduled.
+
+    Fix: ``depends_on: {statsd-exporter: {condition: service_healthy, restart: true}}`` on the
+    Airflow services (x-airflow)."""
+    missing = []
+    for name, svc in SERVICES.items():
+        env = svc.get("environment", {})
+        host = env.get("AIRFLOW__METRICS__STATSD_HOST") if isinstance(env, dict) else None
+        if name == "airflow-init" or host not in SERVICES or str(env.get("AIRFLOW__METRICS__STATSD_ON")) != "True":
+            continue
+        if host not in svc.get("depends_on", {}):
+            missing.append(name)
+    assert not missing, f"send StatsD to statsd-exporter without depending on it: {missing}"
+
+
+def test_a_cuda_build_of_the_policy_image_is_given_a_gpu() -> None:
+    """The compose header offers ``TORCH_INDEX_URL`` for "a CPU or a CUDA build of torch 2.13.0"
+    and docker/Dockerfile.policy says the server runs "on a GPU" with a CUDA build and the NVIDIA
+    runtime, but the ``policy-server`` service reserves no GPU (no ``deploy.resources.reservations
+    .devices`` / ``gpus``), so a container of the CUDA build sees no device: ``--device auto``
+    silently serves on the CPU (the heartbeat and /health say ``cpu``). Left unset, the build
+    takes PyPI's default torch, on Linux x86_64 the CUDA build with its several GB of nvidia
+    wheels, into an image that is never given a GPU (the Airflow image defaults to the CPU index).
+
+    Fix: a GPU variant (a ``gpu`` profile or ``docker-compose.gpu.yaml`` override) that reserves
+    ``{driver: nvidia, count: 1, capabilities: [gpu]}`` for policy-server, and default
+    ``TORCH_INDEX_URL`` to the CPU index as Dockerfile.airflow does."""
+    assert "CUDA" in COMPOSE_TEXT or "cu128" in COMPOSE_TEXT  # the header offers it
+    files = sorted(REPO.glob("docker-compose*.y*ml")) + sorted(REPO.glob("compose*.y*ml"))
+    reserved = []
+    for path in files:
+        svc = (yaml.safe_load(path.read_text()) or {}).get("services", {}).get("policy-server", {})
+        devices = svc.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+        if svc.get("gpus") or any("gpu" in (d.get("capabilities") or []) for d in devices):
+            reserved.append(path.name)
+    assert reserved, f"no compose file in {[p.name for p in files]} gives policy-server a GPU"
+
+
+def test_the_local_stack_listens_on_loopback_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """scripts/localstack.py says "every service listens on 127.0.0.1 only" (README: the stack runs
+    "on loopback", the integration stack "on free loopback ports"), but it starts the three Celery
+    workers and the triggerer without ``--skip-serve-logs``: Airflow's log server binds ``[::]`` /
+    ``0.0.0.0`` whatever the config (airflow/utils/serve_logs/core.py, ``host=""``), so four
+    ports are open to the network; the triggerer's is the fixed default 8794
+    (``trigger_log_server_port`` is never set), so a ``make test`` stack started while ``make
+    demo`` runs cannot bind it. These servers serve nothing on one host: the api-server fetches
+    served logs on ITS ``worker_log_server_port`` (8793, not the workers' 28793+i) and reads the
+    finished tasks' files from the shared log folder.
+
+    Fix: pass ``--skip-serve-logs`` to ``airflow celery worker`` and ``airflow triggerer`` in
+    ``Stack.start_airflow`` (the per-worker log ports can then go)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import localstack
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    assert "every service listens on 127.0.0.1 only" in (localstack.__doc__ or "")
+    stack = localstack.Stack(tmp_path, localstack.Ports(1, 2, 3, 4, 5), REPO / "policy/catalogues/demo.yaml")
+    spawned: dict[str, list[str]] = {}
+    monkeypatch.setattr(stack, "spawn", lambda name, argv, env: spawned.setdefault(name, argv))
+    monkeypatch.setattr(stack, "wait", lambda *a, **k: None)
+    stack.start_airflow()
+    serving = [name for name, argv in spawned.items()
+               if (argv[1:2] == ["triggerer"] or argv[1:3] == ["celery", "worker"])
+               and not {"--skip-serve-logs", "-s"} & set(argv)]
+    assert not serving, f"start a log server on every interface: {serving}"
+
+
+def test_the_policy_images_numba_cache_is_usable_by_the_user_it_runs_as() -> None:
+    """docker/Dockerfile.policy compiles the GNN's step kernel at build time so that "numba
+    caches it", but it does so as root, into the root-owned ``site-packages/policy/__pycache__``,
+    and the server runs as ``policy``. numba uses an in-tree cache only where it can write
+    (numba/core/caching.py: ``InTreeCacheLocator`` probes with a temporary file, then falls back
+    to ``~/.cache/numba``), so every container start recompiles: about 6 s instead of 0.6 s on
+    this machine (``NUMBA_CACHE_DIR=<empty dir> python -c "from policy import step_kernel;
+    step_kernel.warm_up()"``, twice), on every replica start and restart.
+
+    Fix: ``ENV NUMBA_CACHE_DIR=/var/cache/drl-numba`` made and owned by ``policy`` before the
+    warm-up (or run the warm-up after ``USER policy``); numba's cache is also keyed by the CPU,
+    so a build host other than the serving host recompiles anyway unless ``NUMBA_CPU_NAME=generic``
+    is set at build and run time."""
+    lines = (REPO / "docker" / "Dockerfile.policy").read_text().splitlines()
+    warm = next(i for i, line in enumerate(lines) if "warm_up()" in line)
+    user = next(i for i, line in enumerate(lines) if line.startswith("USER "))
+    assert lines[user].split()[1] != "root"
+    cache_dir_set = any(line.startswith(("ENV", "ARG")) and "NUMBA_CACHE_DIR" in line for line in lines[:warm])
+    assert warm > user or cache_dir_set, (
+        f"line {warm + 1} compiles as root into a cache {lines[user]!r} cannot use")
