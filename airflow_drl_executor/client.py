@@ -181,7 +181,10 @@ class PlacementClient:
         pipe.xadd(self.keys.requests, {PAYLOAD_FIELD: payload}, maxlen=STREAM_MAXLEN, approximate=True)
         pipe.execute()
         remaining = deadline - self._clock()
-        got = self._redis.blpop([reply_key], timeout=max(remaining, 0.001))
+        if remaining <= 0:  # found by review: a slow Redis had a BLPOP sent past the deadline, and
+            self._forget(graphs)  # the scheduler loop held up to its socket timeout more
+            raise PlacementUnavailable(f"no reply within {self.timeout_s * 1000:.0f} ms (Redis took it all)")
+        got = self._redis.blpop([reply_key], timeout=remaining)
         if got is None:  # the server may or may not hold the graphs: send them in full next time
             self._forget(graphs)
             raise PlacementUnavailable(f"no reply within {self.timeout_s * 1000:.0f} ms")

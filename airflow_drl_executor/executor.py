@@ -51,7 +51,7 @@ from policy.catalogue import Catalogue, load_catalogue
 from policy.errors import PolicyError
 from policy.graph import view
 from policy.lru import LRU
-from policy.placement import EarliestFinishPlacer
+from policy.placement import EarliestFinishPlacer, feasible
 from policy.schema import Decision, PlacementRequest, PoolState, ReadyTask, RunGraph, RunProgress, TaskNode
 from policy.transport import redacted_url
 
@@ -68,6 +68,19 @@ _UNWRITTEN_MAX = 10_000
 _WRITE_EACH_BUDGET = 64
 #: task instances whose last queue this executor remembers writing (a few MB at most)
 _WROTE_MAX = 50_000
+
+
+def _breaks(d: Decision, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> bool:
+    """Whether the policy's decision ``d`` puts its task on a pool its hard constraints rule out
+    (resources, pinning, a pool down while another fits) when some pool satisfies them (found by
+    review: a GPU task the server sent to a CPU pool, from a stale catalogue or a masking bug, was
+    dispatched there and recorded as the policy's choice)."""
+    graph = graphs.get(d.run_key)
+    i = view(graph).index.get(d.task_id) if graph is not None else None
+    if graph is None or i is None:
+        return False
+    ok = feasible(graph.tasks[i], request.pools)
+    return bool(ok) and d.pool not in {p.name for p in ok}
 
 
 class DRLExecutor(CeleryExecutor):
@@ -692,12 +705,14 @@ class DRLExecutor(CeleryExecutor):
             reply = self._client.place(request, graphs)
             policy, version = reply.policy, reply.policy_version
             names = set(self.catalogue.names)
+            wrong = {(d.run_key, d.task_id): ("a pool not in the catalogue" if d.pool not in names else
+                                              "a pool that breaks the task's hard constraints")
+                     for d in reply.decisions if d.pool not in names or _breaks(d, request, graphs)}
             for d in reply.decisions:
-                if d.pool in names:
+                if (d.run_key, d.task_id) not in wrong:
                     decided[(d.run_key, d.task_id)] = d
-            unknown = {(d.run_key, d.task_id) for d in reply.decisions if d.pool not in names}
-            missing = [t for t in request.ready if t.key in unknown]
-            why = "policy chose a pool not in the catalogue"
+            missing = [t for t in request.ready if t.key in wrong]
+            why = "policy chose " + " and ".join(sorted(set(wrong.values())))
         except PlacementUnavailable as exc:
             missing, why = list(request.ready), exc.reason
         if missing:

@@ -200,3 +200,40 @@ def test_a_run_whose_graph_alone_is_over_the_limit_is_placed_by_the_fallback_at_
     by_run = {d.run_key: d for d in reply.decisions}
     assert sorted(by_run) == ["d/giant", "d/small"] and not by_run["d/small"].fallback
     assert by_run["d/giant"].fallback and "over the policy servers' request limit" in by_run["d/giant"].reason
+
+
+def test_no_blpop_once_the_deadline_has_passed(redis_url: str) -> None:
+    """Found by review: when the DEL+XADD used up the deadline, ``_round_trip`` still blocked in a
+    BLPOP (``timeout=max(remaining, 0.001)``): one more round trip of a slow Redis, up to the
+    socket timeout, holding the scheduler loop for a reply that could not count as on time."""
+    r = redis.Redis.from_url(redis_url)
+    r.hset(Keys("t").heartbeat, "mute", str(time.time()))
+    now = [1000.0]
+    client = PlacementClient(redis_url, prefix="t", timeout_ms=200, clock=lambda: now[0])
+    client._live_checked_at, client._live_reason = now[0], None  # liveness known: no read now
+    real_pipeline = client._redis.pipeline
+
+    def slow_pipeline(*a: object, **kw: object) -> redis.client.Pipeline:
+        pipe = real_pipeline(*a, **kw)  # type: ignore[arg-type]
+        real_execute = pipe.execute
+
+        def execute(*ea: object, **ekw: object) -> list[object]:
+            out = real_execute(*ea, **ekw)  # type: ignore[arg-type]
+            now[0] += 0.5  # the DEL+XADD took longer than the whole deadline
+            return out
+
+        pipe.execute = execute  # type: ignore[method-assign]
+        return pipe
+
+    blpops: list[float] = []
+    real_blpop = client._redis.blpop
+
+    def blpop(keys: object, timeout: float = 0) -> object:
+        blpops.append(timeout)
+        return real_blpop(keys, timeout=timeout)  # type: ignore[arg-type]
+
+    client._redis.pipeline = slow_pipeline  # type: ignore[method-assign]
+    client._redis.blpop = blpop  # type: ignore[method-assign]
+    with pytest.raises(PlacementUnavailable):
+        client.place(_request("r1"), {"d/r1": _graph()})
+    assert blpops == [], f"BLPOP issued (timeout {blpops}) after the deadline had passed"

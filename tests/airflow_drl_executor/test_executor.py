@@ -1241,3 +1241,25 @@ def test_a_cleared_row_and_its_pending_mark_are_on_disk_before_the_db_is_tried(
     down["calls"] = 5  # the DB still down: nothing new is written
     ex.sync()
     assert ("c2", "r2") in ex._spool.unsent_pairs(), "saved at the next heartbeat"
+
+
+def test_a_reply_that_breaks_a_hard_constraint_is_placed_by_the_fallback(executor: DRLExecutor) -> None:
+    """Found by review: the executor checked only that a decided pool was in the catalogue, so a
+    reply sending a GPU task to a pool without GPUs (a replica with an older catalogue, a masking
+    bug) was dispatched as the policy's choice, and the task failed on a worker that cannot run it."""
+    cpu_pools = [p.name for p in executor.catalogue.pools if p.vm_class.gpus == 0]
+    assert cpu_pools, executor.catalogue.names
+
+    def answer(req: PlacementRequest) -> PlacementReply:
+        return PlacementReply(req.request_id, tuple(Decision(t.run_key, t.task_id, cpu_pools[0], "vm",
+                                                             reason="policy") for t in req.ready),
+                              policy="gnn", policy_version="7")
+
+    executor._client = FakeClient(answer)  # type: ignore[assignment]
+    b = _workload("b")
+    records, held = executor._place([b])
+    [(_, rec)] = records
+    gpu_pools = {p.name for p in executor.catalogue.pools if p.vm_class.gpus >= 1}
+    assert rec.pool in gpu_pools, f"GPU task sent to {rec.pool!r} (no GPU) on the policy's word: {rec.reason}"
+    assert rec.fallback
+    assert "breaks the task's hard constraints" in rec.reason
