@@ -97,15 +97,11 @@ _DEFAULT_DEADLINE_MS = 250.0
 #: moment is woken with UNBLOCKED, XINFO answers 'no such key'. Recreate the group; Redis is there.
 _GROUP_GONE = ("NOGROUP", "UNBLOCKED", "no such key")
 
-#: Store the batch's full graphs and refresh the TTL of those it named by reference, then reply
-#: to, acknowledge and delete the entries this replica still owns; returns the ids of those it no
-#: longer owns (another replica took them over).
-#: KEYS[1]: the request stream. ARGV: group, consumer, reply TTL, graph TTL, number of graphs G,
-#: G (key, graph JSON) pairs, number of references R, R keys, then (entry id, reply key, reply
-#: JSON) triples ('' key: no reply).
 #: Write this replica's heartbeat into the replicas' hash, first replacing a key of another type
-#: there (one script: replicas that find it so at the same time do not delete each other's beats);
-#: returns the type it replaced, "" when it was a hash or absent.
+#: there (found by review: HSET's WRONGTYPE read as a lost Redis, and every replica reconnected for
+#: ever; the key is the replicas' own). One script, so replicas that find it so at once do not
+#: delete each other's beats. KEYS[1]: the hash; ARGV: consumer, beat. Returns the type it
+#: replaced, "" when it was a hash or absent.
 _HEARTBEAT_LUA = """
 local kind = redis.call('TYPE', KEYS[1])['ok']
 if kind ~= 'hash' and kind ~= 'none' then redis.call('DEL', KEYS[1]) else kind = '' end
@@ -113,6 +109,12 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return kind
 """
 
+#: Store the batch's full graphs and refresh the TTL of those it named by reference, then reply
+#: to, acknowledge and delete the entries this replica still owns; returns the ids of those it no
+#: longer owns (another replica took them over).
+#: KEYS[1]: the request stream. ARGV: group, consumer, reply TTL, graph TTL, number of graphs G,
+#: G (key, graph JSON) pairs, number of references R, R keys, then (entry id, reply key, reply
+#: JSON) triples ('' key: no reply).
 _REPLY_LUA = """
 local stream, group, me = KEYS[1], ARGV[1], ARGV[2]
 local reply_ttl, graph_ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -262,6 +264,7 @@ class PolicyServer:
         #: store keys of the graphs the batch named by reference and found in the local cache
         self._touch_graphs: set[str] = set()
         self._reply_script: Any = None
+        self._heartbeat_script: Any = None
         #: the last Redis failure logged, until connected again (each new one is a warning)
         self._redis_error = ""
         self._next_claim = 0.0
@@ -364,6 +367,7 @@ class PolicyServer:
                 raise
         self._redis = r
         self._reply_script = r.register_script(_REPLY_LUA)
+        self._heartbeat_script = r.register_script(_HEARTBEAT_LUA)
         self._sync_clock(r)
         self._ready = True
         self.connected = True
@@ -488,18 +492,10 @@ class PolicyServer:
         beat = json.dumps({"ts": self.redis_now(), "version": self.version, "device": self.device,
                            "objective": self.objective(), "objective_given": self._objective_given(),
                            "pid": os.getpid(), "handled": self.handled})
-        try:
-            r.hset(self.keys.heartbeat, self.config.consumer, beat)
-        except redis.ResponseError as exc:
-            if "WRONGTYPE" not in str(exc):
-                raise
-            # Found by review: a heartbeat key someone made another type failed HSET, which read
-            # as a lost Redis: every replica reconnected for ever, serving nothing. The key is the
-            # replicas' own (no other writer has a say in it): replace it, and say so.
-            was = _text(r.eval(_HEARTBEAT_LUA, 1, self.keys.heartbeat, self.config.consumer, beat))
-            if was:
-                log.warning("replaced %s, a %s, with the replicas' hash of heartbeats (the executors "
-                            "take a server without one for dead)", self.keys.heartbeat, was)
+        was = _text(self._heartbeat_script(keys=[self.keys.heartbeat], args=[self.config.consumer, beat]))
+        if was:
+            log.warning("replaced %s, a %s, with the replicas' hash of heartbeats (the executors take a "
+                        "server without one for dead)", self.keys.heartbeat, was)
         self.cache.expire()
         self.metrics.graph_cache_entries.set(len(self.cache))
         self.metrics.graph_cache_bytes.set(self.cache.bytes)

@@ -68,12 +68,10 @@ def check_url(redis_url: str) -> None:
     review: a password holding ``/``, ``?`` or ``#`` unencoded made redis-py raise "Port could not
     be cast to integer value as '<password>'", a traceback with the password in every log)."""
     try:
-        port = urlsplit(redis_url).port
+        _ = urlsplit(redis_url).port  # parses the authority: what redis-py does first
     except ValueError:
-        port = -1
-    if port == -1:
         raise ValueError(f"{redacted_url(redis_url)} does not parse: its port is not a number, or its password "
-                         "holds '/', '?', '#' or '@' (percent-encode them: '/' as %2F)")
+                         "holds '/', '?', '#' or '@' (percent-encode them: '/' as %2F)") from None
 
 
 def check_ca_cert(redis_url: str, ca_cert: str | None) -> None:
@@ -100,11 +98,10 @@ def scrubbed(text: str, url: str) -> str:
     piece of it between ``/ ? # @ :`` (found by review: redis-py's "Port could not be cast to
     integer value as '<password up to its first />'" put the password on the placements page),
     and the values of its ``password`` / ``username`` query parameters."""
-    scheme, sep, rest = url.partition("://")
+    _, sep, rest = url.partition("://")
     secrets: set[str] = set()
-    authority = rest.split("/", 1)[0] if "@" not in rest else rest.rsplit("@", 1)[0]
-    if sep and "@" in rest:
-        password = authority.split(":", 1)[1] if ":" in authority else authority
+    if sep and "@" in rest:  # the password: after the user's ":", or all before the last "@"
+        password = rest.rsplit("@", 1)[0].split(":", 1)[-1]
         secrets.update([password, *re.split(r"[/?#@:]", password)])
     query = rest.partition("?")[2].partition("#")[0]
     try:

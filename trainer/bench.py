@@ -31,16 +31,7 @@ from policy.errors import WorkloadError
 from policy.features import CP_GATE_SCOPES, HOLD_RATIO, check_hold_ratio, check_premium_ratio
 from trainer.baselines import LEARNED, expand, make_placer
 from trainer.metrics import Bounds, average, summarize
-from trainer.options import (
-    checked,
-    checked_int,
-    finite_at_least,
-    int_at_least,
-    output_file,
-    output_folder,
-    policies,
-    probability,
-)
+from trainer.options import checked, float_arg, int_arg, output_file, output_folder, policies, probability
 from trainer.simulator import SCALE_IN_RULES, Job, SimConfig, SimResult, Simulator
 from trainer.workloads import REPLAY_PREFIX, ArrivalSpec, load_templates, make_jobs, replay_jobs
 
@@ -59,30 +50,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pools", default=str(DEFAULT_POOLS), help="pool catalogue YAML")
     parser.add_argument("--policies", type=policies, default="baselines",
                         help="comma list of policies; 'baselines' expands to every baseline")
-    parser.add_argument("--load", type=checked(lambda v: finite_at_least(v, 0, "--load", strict=True)), default=0.85,
+    parser.add_argument("--load", type=float_arg(0, "--load", strict=True), default=0.85,
                         help="offered work / nominal capacity (a finite number > 0)")
     parser.add_argument("--arrival", choices=("poisson", "burst"), default="poisson",
                         help="arrival process of the DAG runs at --load: poisson, or burst (groups of 10 at once, "
                              "the groups Poisson; trainer/workloads.py); default: %(default)s")
-    parser.add_argument("--dag-runs", type=checked_int(lambda v: int_at_least(v, 1, "--dag-runs")), default=200,
+    parser.add_argument("--dag-runs", type=int_arg(1, "--dag-runs"), default=200,
                         help="DAG runs per simulation")
     parser.add_argument("--checkpoint", default=None,
                         help="checkpoint folder of the 'drl' policy (default: policy/checkpoints/default); "
                              "several joined by commas: their ensemble (mean logits, the first one's decoder settings)")
-    parser.add_argument("--seed", type=checked_int(lambda v: int_at_least(v, 0, "--seed")), default=0,
+    parser.add_argument("--seed", type=int_arg(0, "--seed"), default=0,
                         help="first seed (>= 0)")
-    parser.add_argument("--seeds", type=checked_int(lambda v: int_at_least(v, 1, "--seeds")), default=1,
+    parser.add_argument("--seeds", type=int_arg(1, "--seeds"), default=1,
                         help="number of seeds (seed, seed+1, ...)")
-    parser.add_argument("--duration-noise", type=checked(lambda v: finite_at_least(v, 0, "--duration-noise")),
+    parser.add_argument("--duration-noise", type=float_arg(0, "--duration-noise"),
                         default=0.3, help="log-normal sigma of run times")
     parser.add_argument("--failure-rate", type=checked(lambda v: probability(v, "--failure-rate")), default=0.0,
                         help="probability a try fails, in [0, 1)")
-    parser.add_argument("--dispatch-latency", type=checked(lambda v: finite_at_least(v, 0, "--dispatch-latency")),
+    parser.add_argument("--dispatch-latency", type=float_arg(0, "--dispatch-latency"),
                         default=0.0, help="seconds per dispatch")
     parser.add_argument("--scale-in", choices=SCALE_IN_RULES, default="sustained",
                         help="how elastic pools scale in (trainer/cluster.py): sustained (every figure so far) "
                              "or window (Kubernetes HPA's stabilisation window, which KEDA uses)")
-    parser.add_argument("--max-wait-s", type=checked(lambda v: finite_at_least(v, 0, "--max-wait-s")), default=None,
+    parser.add_argument("--max-wait-s", type=float_arg(0, "--max-wait-s"), default=None,
                         help="bound holding as the executor does ([drl_executor] max_wait_s, 60 there): a task "
                              "held this long is placed by the fallback heuristic (default: unbounded)")
     parser.add_argument("--hold-ratio", type=checked(check_hold_ratio), default=None,
@@ -100,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cp-gate-scope", choices=CP_GATE_SCOPES, default=None,
                         help="the tasks the premium gate applies to: off-cp (those off their run's critical "
                              "path) or all (every task; default: as the checkpoint was trained)")
-    parser.add_argument("--jobs", type=checked_int(lambda v: int_at_least(v, 1, "--jobs")), default=1,
+    parser.add_argument("--jobs", type=int_arg(1, "--jobs"), default=1,
                         help="worker processes")
     # the output paths are checked here, before any simulation (found by review: a missing folder
     # was a traceback after the whole bench, and --json was written when --markdown then failed)

@@ -29,7 +29,7 @@ from policy.errors import WorkloadError
 from policy.gnn import Attribution, Decoded, GNNPlacer, attribute, explain_row
 from policy.graph import view
 from policy.schema import PlacementRequest
-from trainer.options import checked, checked_int, finite_at_least, int_at_least, output_file
+from trainer.options import float_arg, int_arg, output_file
 from trainer.simulator import SimConfig, Simulator
 from trainer.workloads import ArrivalSpec, load_templates, make_jobs
 
@@ -44,19 +44,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workflows", default="mlpipeline", help="workload setting (as in bench)")
     parser.add_argument("--pools", default=str(ROOT / "policy" / "catalogues" / "gpu-affinity.yaml"),
                         help="pool catalogue YAML (default: the GPU-affinity cluster)")
-    parser.add_argument("--load", type=checked(lambda v: finite_at_least(v, 0, "--load", strict=True)), default=0.85,
+    parser.add_argument("--load", type=float_arg(0, "--load", strict=True), default=0.85,
                         help="offered work / nominal capacity of the simulated stream (as in bench)")
-    parser.add_argument("--duration-noise", type=checked(lambda v: finite_at_least(v, 0, "--duration-noise")),
+    parser.add_argument("--duration-noise", type=float_arg(0, "--duration-noise"),
                         default=0.3, help="log-normal sigma of realised run times (as in bench)")
-    parser.add_argument("--dag-runs", type=checked_int(lambda v: int_at_least(v, 1, "--dag-runs")), default=20,
+    parser.add_argument("--dag-runs", type=int_arg(1, "--dag-runs"), default=20,
                         help="DAG runs in the simulated stream")
-    parser.add_argument("--seed", type=checked_int(lambda v: int_at_least(v, 0, "--seed")), default=0,
+    parser.add_argument("--seed", type=int_arg(0, "--seed"), default=0,
                         help="seed of the stream and its run times (>= 0)")
-    parser.add_argument("--request", type=checked_int(lambda v: int_at_least(v, 0, "--request")), default=10,
+    parser.add_argument("--request", type=int_arg(0, "--request"), default=10,
                         help="explain the decision at this decision point (0 = the first; the first after it "
                              "where the policy sends a task)")
     parser.add_argument("--task", default=None, help="task_id to explain (default: first one sent)")
-    parser.add_argument("--top", type=checked_int(lambda v: int_at_least(v, 1, "--top")), default=8,
+    parser.add_argument("--top", type=int_arg(1, "--top"), default=8,
                         help="how many nodes and features to list")
     # checked before the simulation (found by review: a missing folder was a traceback after it)
     parser.add_argument("--png", type=output_file, default="explain.png",

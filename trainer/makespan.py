@@ -26,7 +26,7 @@ from policy.schema import RunGraph
 from trainer.baselines import expand, make_placer
 from trainer.bench import text_table
 from trainer.bounds import critical_path_lb, makespan_lb
-from trainer.options import checked_int, int_at_least, output_file, policies
+from trainer.options import int_arg, output_file, policies
 from trainer.simulator import Job, Simulator
 from trainer.workloads import load_templates
 
@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pools", default=str(DEFAULT_POOLS), help="pool catalogue YAML (default: speeds 1/2/4)")
     parser.add_argument("--policies", type=policies, default="heft",
                         help="comma list; 'baselines' expands to every baseline")
-    parser.add_argument("--seed", type=checked_int(lambda v: int_at_least(v, 0, "--seed")), default=0,
+    parser.add_argument("--seed", type=int_arg(0, "--seed"), default=0,
                         help="seed of the generators and placers (>= 0)")
     parser.add_argument("--json", dest="json_path", type=output_file, default=None,
                         help="write the rows and medians here")

@@ -96,6 +96,16 @@ def checked_int(check: Callable[[int], int]) -> Callable[[str], int]:
     return convert
 
 
+def int_arg(low: int, name: str) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low`` (:func:`int_at_least`), the flag ``name`` in its error."""
+    return checked_int(lambda v: int_at_least(v, low, name))
+
+
+def float_arg(low: float, name: str, *, strict: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number >= ``low`` (> with ``strict``; :func:`finite_at_least`)."""
+    return checked(lambda v: finite_at_least(v, low, name, strict=strict))
+
+
 def output_file(text: str) -> str:
     """An argparse type: a file the results are written to ('' = none), refused when its folder
     does not exist, is not a folder or is not writable, or when it is a folder itself."""
