@@ -302,3 +302,29 @@ def test_the_policy_images_numba_cache_is_usable_by_the_user_it_runs_as() -> Non
     cache_dir_set = any(line.startswith(("ENV", "ARG")) and "NUMBA_CACHE_DIR" in line for line in lines[:warm])
     assert warm > user or cache_dir_set, (
         f"line {warm + 1} compiles as root into a cache {lines[user]!r} cannot use")
+
+
+def test_redis_keeps_queued_task_messages_across_a_restart() -> None:
+    """Celery's queued task messages and the policy's request stream live in Redis: without an
+    append-only file on a volume, a restarted Redis container lost every queued task."""
+    redis_svc = SERVICES["redis"]
+    cmd = redis_svc["command"]
+    assert cmd[cmd.index("--appendonly") + 1] == "yes"
+    mounts = {m.split(":")[1]: m.split(":")[0] for m in redis_svc.get("volumes", [])}
+    assert mounts.get("/data") in COMPOSE["volumes"], "the official image writes its files in /data"
+
+
+def test_every_airflow_container_shares_the_task_logs() -> None:
+    """The api-server reads a finished task's log from the file its worker wrote: every container
+    running Airflow mounts one named volume at $AIRFLOW_HOME/logs (Airflow's base_log_folder), a
+    folder the image makes for the airflow user (a new volume takes its owner)."""
+    dockerfile = (REPO / "docker" / "Dockerfile.airflow").read_text()
+    logs = re.search(r"AIRFLOW_HOME=(\S+)", dockerfile).group(1) + "/logs"
+    assert logs in dockerfile
+    airflow = {name: svc for name, svc in SERVICES.items()
+               if name != "airflow-init" and svc.get("command", [""])[0] == "airflow"}
+    assert {"api-server", "scheduler", "triggerer", "worker-gpu"} <= set(airflow)
+    volumes = {name: {m.split(":")[1]: m.split(":")[0] for m in svc.get("volumes", [])}
+               for name, svc in airflow.items()}
+    named = {v.get(logs) for v in volumes.values()}
+    assert len(named) == 1 and named.pop() in COMPOSE["volumes"], volumes
