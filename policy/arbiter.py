@@ -23,7 +23,7 @@ request, when a better pool may be free. The executor bounds how long a task may
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -128,7 +128,7 @@ def violation(decision: Decision, request: PlacementRequest, graph: RunGraph | N
         return None if pool.up or not any(p.up for p in request.pools) else f"pool {pool.name} is down"
     if any(p.name == pool.name for p in options):
         return None
-    if task.pool is not None and task.pool != pool.name:
+    if task.pool is not None and task.pool != pool.name and any(p.fits(task) for p in request.pools):
         return f"task is pinned to {task.pool}"
     if not pool.fits(task):
         return f"{pool.name} cannot hold {task.asks}"
@@ -165,9 +165,10 @@ class Arbiter:
         if not request.ready:
             return []
         tripped = self._breaker(request, graphs)
-        if tripped is not None:
-            return tripped
-        return self._settle(placer, request, graphs, None)
+        if tripped is None:
+            return self._settle(placer, request, graphs, None)
+        head, rest = tripped
+        return head if rest is None else head + self._settle(placer, rest, graphs, None)
 
     def decide_many(
         self, placer: Placer, items: Sequence[tuple[PlacementRequest, Mapping[str, RunGraph]]]
@@ -180,32 +181,38 @@ class Arbiter:
         request is returned in its place, never raised.
         """
         out: list[list[Decision] | Exception] = []
-        todo: list[int] = []
+        todo: list[tuple[int, PlacementRequest]] = []  # (item, what of its request the placer decides)
         for i, (request, graphs) in enumerate(items):
             out.append([])
+            if not request.ready:
+                continue
             try:
-                tripped = self._breaker(request, graphs) if request.ready else []
+                tripped = self._breaker(request, graphs)
             except Exception as exc:  # noqa: BLE001 - returned to the caller as this request's error
                 out[i] = exc
                 continue
             if tripped is None:
-                todo.append(i)
+                todo.append((i, request))
             else:
-                out[i] = tripped
+                out[i], rest = tripped
+                if rest is not None:
+                    todo.append((i, rest))
         batched: list[list[Decision]] | None = None
         sampled = self.config.temperature > 0 and isinstance(placer, ScoringPlacer)
         if len(todo) > 1 and not sampled and isinstance(placer, BatchPlacer):
             try:
-                batched = placer.place_many([items[i][0] for i in todo], [items[i][1] for i in todo])
+                batched = placer.place_many([req for _, req in todo], [items[i][1] for i, _ in todo])
                 if len(batched) != len(todo):
                     raise ValueError(f"place_many answered {len(batched)} of {len(todo)} requests")
             except Exception:  # noqa: BLE001 - retried request by request below
                 log.exception("placer %s %s failed on a batch of %d requests; deciding them one by one",
                               placer.name, placer.version, len(todo))
-        for k, i in enumerate(todo):
-            request, graphs = items[i]
+        for k, (i, request) in enumerate(todo):
+            head = out[i]
+            assert isinstance(head, list)
             try:
-                out[i] = self._settle(placer, request, graphs, batched[k] if batched is not None else None)
+                out[i] = head + self._settle(placer, request, items[i][1],
+                                             batched[k] if batched is not None else None)
             except Exception as exc:  # noqa: BLE001 - returned to the caller as this request's error
                 out[i] = exc
         return out
@@ -236,8 +243,11 @@ class Arbiter:
 
     def _breaker(
         self, request: PlacementRequest, graphs: Mapping[str, RunGraph]
-    ) -> list[Decision] | None:
-        """Fallback decisions while the breaker is open, else None (the placer decides)."""
+    ) -> tuple[list[Decision], PlacementRequest | None] | None:
+        """While the breaker is open: the fallback's decisions for the first of the ready tasks it
+        has decisions left for, and the request of the others (None: none left), which the placer
+        decides (found by review: a request of 5 ready tasks with 2 decisions left gave all 5 to
+        the fallback, counted 5); None while it is closed."""
         if self.config.skew_fallback_n == 0:
             return None
         if self.breaker_left <= 0:
@@ -251,11 +261,14 @@ class Arbiter:
             )
             log.warning("%s; %s decides the next %d decisions (request %s)", self._breaker_note,
                         self.fallback.name, self.breaker_left, request.request_id)
-        n = len(request.ready)
+        n = min(len(request.ready), self.breaker_left)
         note = f"{self._breaker_note}; {self.fallback.name} for {self.breaker_left} more decisions"
-        self.breaker_left = max(0, self.breaker_left - n)
+        self.breaker_left -= n
         self.on_fallback("load_skew", n)
-        return self._fallback_all(request, graphs, note)
+        if n == len(request.ready):
+            return self._fallback_all(request, graphs, note), None
+        return (self._fallback_all(replace(request, ready=request.ready[:n]), graphs, note),
+                replace(request, ready=request.ready[n:]))
 
     def _sample(
         self, placer: ScoringPlacer, request: PlacementRequest, graphs: Mapping[str, RunGraph]
@@ -270,9 +283,18 @@ class Arbiter:
             allowed = {p.name for p in feasible(task, request.pools)}
             names = [n for n in logits if n in pools and (n in allowed or not allowed)]
             if not names:
-                continue  # _enforce fills it in with the fallback
-            z = np.array([logits[n] for n in names], dtype=np.float64) / t
-            z -= z.max()
+                # only pools that cannot run it were scored: a decision on one of them, which
+                # _enforce replaces by the fallback's (found by review: skipped here, the task
+                # read as held by the policy, and waited for the executor's max_wait_s)
+                scored = next((n for n in logits if n in pools), None)
+                if scored is not None:
+                    out.append(Decision(ready.run_key, ready.task_id, scored, pools[scored].vm_class,
+                                        score=float(logits[scored]), reason=f"{placer.name} {placer.version}"))
+                continue
+            z = np.array([logits[n] for n in names], dtype=np.float64)
+            # the maximum first: a tiny temperature divided first made inf - inf = NaN (found by review)
+            with np.errstate(over="ignore"):
+                z = (z - z.max()) / t
             prob = np.exp(z) / np.exp(z).sum()
             k = int(self.rng.choice(len(names), p=prob))
             pool = pools[names[k]]

@@ -24,7 +24,6 @@ otherwise load silently as the defaults or as the last entry (found by a deploym
 from __future__ import annotations
 
 import difflib
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -32,7 +31,7 @@ from typing import Any, Mapping
 import yaml
 
 from policy.errors import CatalogueError
-from policy.schema import PoolState
+from policy.schema import MAX_POOLS, PoolState, _finite
 
 #: the folder of the catalogues this package ships (``gpu-affinity.yaml``, ``demo.yaml``, ...)
 PACKAGED_CATALOGUES = Path(__file__).resolve().parent / "catalogues"
@@ -164,9 +163,25 @@ def _number(obj: Mapping[str, Any], key: str, where: str, default: float | None 
     value = obj.get(key, default)
     if value is None:
         raise CatalogueError(f"{where}.{key}: missing")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < lo:
-        raise CatalogueError(f"{where}.{key}: expected a finite number >= {lo}, got {value!r}")
+    if not _finite(value) or value < lo:
+        raise CatalogueError(f"{where}.{key}: expected a finite number >= {lo}, got {_short(value)}")
     return float(value)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def _name(name: Any, where: str) -> str:
+    """A VM class or pool name as written: a non-empty string (found by review: YAML reads an
+    unquoted ``off`` as false, ``null`` as None and ``010`` as 8, and ``str()`` of them made queues
+    "False", "None" and "8" that no worker consumes, or let ``1`` and ``'1'`` be two pools of one
+    queue; an empty name loaded and then every request was refused on the wire)."""
+    if not isinstance(name, str) or not name:
+        raise CatalogueError(f"{where}: a name must be a non-empty string, got {_short(name)} "
+                             f"(YAML reads an unquoted off, null or 010 as no string: quote the name)")
+    return name
 
 
 #: at most this many workers in a pool and slots on a worker: a pool's slots (their product) then
@@ -196,22 +211,24 @@ def parse_catalogue(data: Any, source: str = "<memory>") -> Catalogue:
         raise CatalogueError(f"{source}: vm_classes: expected a non-empty mapping")
     if not isinstance(raw_pools, Mapping) or not raw_pools:
         raise CatalogueError(f"{source}: pools: expected a non-empty mapping")
+    if len(raw_pools) > MAX_POOLS:
+        raise CatalogueError(f"{source}: pools: {len(raw_pools)} pools, the wire takes at most {MAX_POOLS} "
+                             f"a request")
     vms: dict[str, VMClass] = {}
-    for name, spec in raw_vms.items():
+    for key, spec in raw_vms.items():
+        name = _name(key, f"{source}: vm_classes")
         where = f"{source}: vm_classes.{name}"
         if not isinstance(spec, Mapping):
             raise CatalogueError(f"{where}: expected a mapping")
         _check_keys(spec, VM_CLASS_KEYS, where)
         affinity = spec.get("affinity") or {}
         if not isinstance(affinity, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
-            and math.isfinite(v) and v >= 0.001
-            for k, v in affinity.items()
+            isinstance(k, str) and _finite(v) and v >= 0.001 for k, v in affinity.items()
         ):
             raise CatalogueError(f"{where}.affinity: expected {{task kind: finite speed-up >= 0.001}}, "
-                                 f"got {affinity!r}")
-        vms[str(name)] = VMClass(
-            name=str(name),
+                                 f"got {_short(affinity)}")
+        vms[name] = VMClass(
+            name=name,
             cpus=_number(spec, "cpus", where, lo=0.001),
             memory_gb=_number(spec, "memory_gb", where, lo=0.001),
             gpus=_number(spec, "gpus", where, 0.0),
@@ -220,7 +237,8 @@ def parse_catalogue(data: Any, source: str = "<memory>") -> Catalogue:
             affinity={str(k): float(v) for k, v in affinity.items()},
         )
     pools: list[PoolSpec] = []
-    for name, spec in raw_pools.items():
+    for key, spec in raw_pools.items():
+        name = _name(key, f"{source}: pools")
         where = f"{source}: pools.{name}"
         if not isinstance(spec, Mapping):
             raise CatalogueError(f"{where}: expected a mapping")
@@ -232,7 +250,7 @@ def parse_catalogue(data: Any, source: str = "<memory>") -> Catalogue:
         workers = _count(spec, "workers", where, 1)
         assert workers is not None
         pool = PoolSpec(
-            name=str(name),
+            name=name,
             vm_class=vms[vm_name],
             workers=workers,
             slots_per_worker=_count(spec, "slots_per_worker", where, 1, lo=1, hi=MAX_SLOTS_PER_WORKER) or 1,
@@ -256,9 +274,11 @@ def load_catalogue(path: str | Path) -> Catalogue:
     """Read and validate a catalogue YAML file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
         raise CatalogueError(f"{path}: cannot read the pool catalogue: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise CatalogueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: builds plain data only
     except _DuplicateKey as exc:

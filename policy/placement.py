@@ -33,10 +33,16 @@ class Placer(Protocol):
 
 
 def feasible(task: TaskNode, pools: Sequence[PoolState]) -> list[PoolState]:
-    """Pools that satisfy the task's hard constraints (resources, pinning) and are up; when every
-    pool that satisfies them is down, those pools (the task queues there and waits for a worker:
-    a GPU task is not sent to a CPU box, nor a pinned task off its pin, because a pool is down)."""
+    """Pools that satisfy the task's hard constraints (resources, pinning: a pin no pool can
+    honour leaves the resources) and are up; when every pool that satisfies them is down, those
+    pools (the task queues there and waits for a worker: a GPU task is not sent to a CPU box, nor
+    a pinned task off its pin, because a pool is down)."""
     fit = [p for p in pools if p.fits(task)]
+    if not fit and task.pool is not None:
+        # a pin no pool honours (not in the catalogue, or too small for the task) is dropped, not
+        # the task's resources (found by review: the heuristic then took "the largest" pool by
+        # CPUs, one without the memory the task asks while another pool had it)
+        fit = [p for p in pools if p.fits(replace(task, pool=None))]
     return [p for p in fit if p.up] or fit
 
 
@@ -96,12 +102,11 @@ class EarliestFinishPlacer:
         self, ready: ReadyTask, task: TaskNode, pools: Sequence[PoolState], extra: dict[str, int]
     ) -> Decision:
         candidates = feasible(task, pools)
-        note = ""
+        note = "" if any(p.fits(task) for p in pools) else f"; {unfit(task, pools)}"
         if not candidates:
             # Nothing satisfies the hard constraints: choose the largest live pool and say so.
             live = [p for p in pools if p.up] or list(pools)
             candidates = [max(live, key=lambda p: (p.cpus, p.memory_gb, p.gpus))]
-            note = f"; {unfit(task, pools)}"
         scored = []
         for p in candidates:
             run_s = task.duration_s / p.speed_for(task.kind)
