@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import math
 import time
 import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -35,7 +34,15 @@ from policy.catalogue import VMClass
 from policy.errors import PolicyError, SchemaError
 from policy.graph import view
 from policy.lru import LRU
-from policy.schema import ReadyTask, RunGraph, RunProgress, TaskNode
+from policy.schema import (
+    MAX_EDGES_PER_RUN,
+    MAX_TASKS_PER_RUN,
+    ReadyTask,
+    RunGraph,
+    RunProgress,
+    TaskNode,
+    _finite,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -123,13 +130,26 @@ def lenient_node(task_id: str, hints: Mapping[str, Any], queue: str, *, duration
                  pool_names: Iterable[str], default_queue: str) -> tuple[TaskNode, tuple[str, ...]]:
     """:func:`task_node` without the hints that are not valid, and what was wrong with each: one
     DAG author's typo must not take the placement of every other task (of that run, or of the
-    batch) off the policy; the placement's reason names what was ignored."""
+    batch) off the policy; the placement's reason names what was ignored. It never raises:
+    ``executor_config`` is any object a DAG pickled (found by review: a list as ``drl.pool``
+    raised TypeError out of the scheduler loop at every heartbeat that queued the task)."""
+    try:
+        return _lenient_node(task_id, hints, queue, duration_s=duration_s, pool_names=pool_names,
+                             default_queue=default_queue)
+    except Exception as exc:  # noqa: BLE001 - see above: the task is placed without its hints
+        node, _ = _lenient_node(task_id, {}, queue, duration_s=duration_s, pool_names=pool_names,
+                                default_queue=default_queue)
+        return node, (f"task {task_id!r}: executor_config drl hints unreadable ({type(exc).__name__}: {exc})",)
+
+
+def _lenient_node(task_id: str, hints: Mapping[str, Any], queue: str, *, duration_s: float,
+                  pool_names: Iterable[str], default_queue: str) -> tuple[TaskNode, tuple[str, ...]]:
     values: dict[str, Any] = {"duration_s": duration_s}  # priority 1 unless hinted: task_node
     problems: list[str] = []
     for key in _HINTS:
         if key in hints:
             value = hints[key]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            if not _finite(value) or value < 0:  # _finite: a 400-digit integer raised OverflowError
                 problems.append(f"task {task_id!r}: executor_config drl.{key} must be a finite number >= 0, "
                                 f"got {value!r}")
             else:
@@ -142,7 +162,7 @@ def lenient_node(task_id: str, hints: Mapping[str, Any], queue: str, *, duration
     names = set(pool_names)
     if pool is None and queue in names and queue != default_queue:
         pool = queue  # the DAG author typed one of our pools: honour it as a pin
-    if pool is not None and pool not in names:
+    if pool is not None and (not isinstance(pool, str) or pool not in names):  # a list: unhashable
         problems.append(f"task {task_id!r}: pinned pool {pool!r} is not one of {sorted(names)}")
         pool = None
     return TaskNode(task_id=task_id, kind=kind, pool=pool, **values), tuple(problems)
@@ -285,6 +305,11 @@ class GraphBuilder:
             log.warning("DRLExecutor: %s: invalid executor_config hints ignored: %s", inst.run_key,
                         "; ".join(problems.values()))
         tasks, edges = expand_mapped(nodes, structure.edges, expansion, paired=structure.paired)
+        if len(tasks) > MAX_TASKS_PER_RUN or len(edges) > MAX_EDGES_PER_RUN:
+            # found by review: the server refused the request, and every run of the batch fell back
+            raise SchemaError(f"{inst.run_key}: {len(tasks)} tasks and {len(edges)} edges with its mapped tasks "
+                              f"expanded, more than the policy server takes ({MAX_TASKS_PER_RUN} and "
+                              f"{MAX_EDGES_PER_RUN})")
         graph = RunGraph(run_key=inst.run_key, tasks=tasks, edges=edges)
         if cached is not None:
             self._cached_nodes -= len(cached[1].tasks)
@@ -354,14 +379,17 @@ class GraphBuilder:
         # Two bounded reads (MySQL takes no LIMIT in an IN subquery): the DAG's latest runs by the
         # dag_run primary key, then their successful task instances by (dag_id, run_id); the
         # history of a DAG that has run hourly for years stays HISTORY_RUNS runs of work.
+        # Runs that started: a backfill creates all its runs at once, queued (found by review: while
+        # one of 20+ runs lasted, the latest runs by id had run nothing and every task lost its history)
         recent = session.execute(
-            select(DagRun.run_id).where(DagRun.dag_id == dag_id).order_by(DagRun.id.desc()).limit(HISTORY_RUNS)
+            select(DagRun.run_id).where(DagRun.dag_id == dag_id, DagRun.start_date.is_not(None))
+            .order_by(DagRun.id.desc()).limit(HISTORY_RUNS)
         ).scalars().all()
         done = (TI.dag_id == dag_id, TI.run_id.in_(list(recent)), TI.state == "success", TI.next_method.is_(None))
         resumed = TI.queued_dttm > TI.start_date
         rows = session.execute(
             select(TI.task_id, TI.queue, func.avg(TI.duration), func.count())
-            .where(*done, TI.duration.is_not(None),
+            .where(*done, TI.duration >= 0,  # not NULL, nor negative: a worker's clock stepped back
                    or_(TI.queued_dttm.is_(None), TI.start_date.is_(None), ~resumed))
             .group_by(TI.task_id, TI.queue)
         ).all() if recent else []

@@ -100,7 +100,8 @@ def _history_db() -> Any:
 
     engine = create_engine("sqlite://")
     with engine.begin() as conn:
-        conn.execute(text("CREATE TABLE dag_run (id INTEGER PRIMARY KEY, dag_id TEXT, run_id TEXT)"))
+        conn.execute(text("CREATE TABLE dag_run (id INTEGER PRIMARY KEY, dag_id TEXT, run_id TEXT, "
+                          "start_date TIMESTAMP DEFAULT CURRENT_TIMESTAMP)"))
         conn.execute(text("CREATE TABLE task_instance (dag_id TEXT, run_id TEXT, task_id TEXT, queue TEXT, "
                           "state TEXT, duration FLOAT, start_date TIMESTAMP, end_date TIMESTAMP, "
                           "queued_dttm TIMESTAMP, next_method TEXT, map_index INTEGER DEFAULT -1, "
