@@ -602,7 +602,7 @@ def featurize(
 ) -> FeatureBatch:
     """Build the :class:`FeatureBatch` of ``request``.
 
-    ``assigned`` (optional, one pool index per ready row in request order) are choices already
+    ``assigned`` (optional, one pool index per ready row in request order, -1 for a row held) are choices already
     made for the batch, e.g. a teacher's: the pair features of each row then count the backlog of
     the rows decoded before it. Without it every row sees the pools as the request reports them.
     ``pairs=False`` leaves ``pair_x``/``mask`` zero for a caller that fills them while decoding
@@ -692,8 +692,8 @@ def featurize(
         ps = gate_premium(ps, np.ones(len(up), dtype=bool) if every else up < rem, cp_gate)
     for i in order if pairs else ():
         pair_x[i], mask[i] = pair_row(ps, int(i), placed)
-        if assigned is not None:
-            placed[assigned[i]] += 1
+        if assigned is not None and assigned[i] >= 0:  # -1: held, nothing sent (found by review:
+            placed[assigned[i]] += 1                    # counted on the last pool)
     return FeatureBatch(
         runs=runs,
         ready=request.ready,

@@ -112,7 +112,8 @@ class Decoded:
     """One decoded batch.
 
     ``actions[r]`` is the pool index of ready row ``r``, or -1 when it was held (stop chosen
-    before it); ``steps`` the decoding steps (what :func:`policy.model.collate_steps` needs to
+    before it) or reserved a busy pool's next slot (late binding: its step's action names the
+    pool; not sent); ``steps`` the decoding steps (what :func:`policy.model.collate_steps` needs to
     score them again in training); ``logp`` the summed log-probability of the steps at
     temperature 1; ``probs[r]`` the softmax over row ``r``'s pools at the step it was decided
     (or held); ``pair_contrib[r]`` gradient x input of each of row ``r``'s pool logits w.r.t. its
@@ -686,11 +687,15 @@ def attribute(model: PlacementGNN | Sequence[PlacementGNN], dec: Decoded, row: i
         # the runner-up among the pools the decoding step offered (a busy pool that
         # reserve_busy blocked there has probability 0; the one-shot logits do not know it)
         offered = [j for j in order if j != chosen and dec.probs[row, j] > 0]
-        runner = next(iter(offered or [j for j in order if j != chosen]), None)
+        # else the best other pool the task fits; none when it fits no other (found by review: a
+        # masked pool, its logit -1e9, made a "margin" of 1e9)
+        runner = next(iter(offered or [j for j in order if j != chosen and bool(fb.mask[row, j])]), None)
         margin = logits[chosen] - (logits[runner] if runner is not None else 0.0)
         gx, gp = torch.autograd.grad(margin, [xs, pair_x])
     contrib = gp[row] * pair_x[row].detach()
-    pair = contrib[chosen] - (contrib[runner] if runner is not None else 0.0)
+    # the margin's gradient on the runner-up's features already carries its minus sign (found by
+    # review: subtracted again, 10 of 13 features were shown with the runner-up's share flipped)
+    pair = contrib[chosen] + (contrib[runner] if runner is not None else 0.0)
     node_imp = (gx * xs.detach()).abs().sum(dim=1).cpu().numpy()
     u = int(fb.ready_run[row])
     start = sum(rf.num_nodes for rf in fb.runs[:u])

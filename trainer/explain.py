@@ -101,7 +101,14 @@ def find_decision(args: argparse.Namespace, placer: GNNPlacer) -> tuple[Placemen
 
 def _outcome(dec: Decoded, row: int) -> str:
     choice = int(dec.actions[row])
-    return "held (stop chosen before it)" if choice < 0 else f"sent to {dec.batch.pools[choice].name}"
+    if choice >= 0:
+        return f"sent to {dec.batch.pools[choice].name}"
+    # -1 is also a late-bound row: chosen at a step, on a busy pool, not sent (found by review:
+    # said "stop chosen" of a decoding that chose none)
+    chosen = [s.action[1] for s in dec.steps if s.action is not None and s.action[0] == row]
+    if chosen:
+        return f"reserved the next slot of {dec.batch.pools[chosen[0]].name} (busy), not sent yet"
+    return "held (stop chosen before it)"
 
 
 def report(request: PlacementRequest, dec: Decoded, row: int, att: Attribution, top: int) -> str:
@@ -179,7 +186,7 @@ def draw(dec: Decoded, row: int, att: Attribution, request: PlacementRequest, pa
     ax.set_xlabel("depth in the DAG")
     ax.set_yticks([])
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format="png")  # what --png names, whatever its extension
     plt.close(fig)
 
 
