@@ -64,6 +64,9 @@ class PoolRuntime:
     def start(cls, spec: PoolSpec, failure_rate: float = 0.0) -> PoolRuntime:
         rt = cls(spec=spec, workers=spec.workers, failure_rate=failure_rate)
         rt.alive_since = [0.0] * spec.workers
+        # the "window" rule's history starts with the pool: its starting workers were needed at 0
+        # (found by review: with no history, they counted as never needed and went at the first event)
+        rt.needed_log.append((0.0, spec.workers))
         return rt
 
     @property
@@ -162,9 +165,13 @@ class PoolRuntime:
         return max(0, self.workers - max(peak, self.needed()))
 
     def remove_workers(self, n: int, now: float) -> None:
+        """Remove the ``n`` newest live workers (idle ones: the caller's), billed to ``now``."""
         for _ in range(n):
             self.workers -= 1
-            self._bill(self.alive_since.pop(), now)
+            # the booting workers are the last ``booting`` entries (a pool's boots take one delay,
+            # so they end in the order they began): the newest live one is just before them (found
+            # by review: the newest entry, a booting worker's, was billed for the live one removed)
+            self._bill(self.alive_since.pop(len(self.alive_since) - self.booting - 1), now)
         self.invalidate()
 
     def _bill(self, since: float, until: float) -> None:

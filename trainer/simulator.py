@@ -171,12 +171,16 @@ class SimConfig:
                 raise ValueError(f"outage of {o.pool!r}: need 0 <= start < end, got {o}")
         # (found by review: the first of two overlapping outages brought the pool back up in the
         # second; a factor over 1 sped the pool up past the speed the lower bounds assume)
-        for a, b in itertools.combinations(self.outages, 2):
-            if a.pool == b.pool and a.start_s < b.end_s and b.start_s < a.end_s:
-                raise ValueError(f"outages of {a.pool!r} overlap: {a} and {b} (merge them into one)")
         for s in self.slowdowns:
             if not (s.end_s > s.start_s >= 0 and 0 < s.factor <= 1):
                 raise ValueError(f"slow-down of {s.pool!r}: need 0 <= start < end and 0 < factor <= 1, got {s}")
+        # (slow-downs too: the first's end restored full speed in the second, found by review)
+        windows: tuple[tuple[str, Sequence[Outage | Slowdown]], ...] = (
+            ("outages", self.outages), ("slow-downs", self.slowdowns))
+        for what, spans in windows:
+            for a, b in itertools.combinations(spans, 2):
+                if a.pool == b.pool and a.start_s < b.end_s and b.start_s < a.end_s:
+                    raise ValueError(f"{what} of {a.pool!r} overlap: {a} and {b} (merge them into one)")
 
 
 # --- outputs -------------------------------------------------------------------------------------
@@ -247,7 +251,7 @@ class _Run:
 
     __slots__ = (
         "idx", "job", "graph", "view", "pending", "state", "tries", "token", "pool", "started",
-        "noise", "fail_u", "fail_frac", "rng", "finished", "active", "remaining", "_finished_t",
+        "noise", "fail_u", "fail_frac", "seed", "finished", "active", "remaining", "_finished_t",
     )
 
     def __init__(self, idx: int, job: Job, seed: int, noise: float) -> None:
@@ -262,14 +266,23 @@ class _Run:
         self.token = [0] * n
         self.pool = [-1] * n
         self.started = [0.0] * n
-        self.rng = np.random.default_rng([seed, idx])
-        self.noise = _lognormal(self.rng, noise, n)
-        self.fail_u = self.rng.random(n).tolist()
-        self.fail_frac = self.rng.random(n).tolist()
+        self.seed = seed
+        rng = np.random.default_rng([seed, idx])
+        self.noise = _lognormal(rng, noise, n)
+        self.fail_u = rng.random(n).tolist()
+        self.fail_frac = rng.random(n).tolist()
         self.finished: list[str] = []
         self.active: dict[int, None] = {}
         self.remaining = n
         self._finished_t: tuple[str, ...] | None = None
+
+    def retry_draws(self, i: int, sigma: float) -> tuple[float, float, float]:
+        """Noise, failure draw and failed fraction of task ``i``'s current try past the first: from
+        a generator of its own (run, task, try), so every policy sees the same ones whatever order
+        it starts retries in (found by review: drawn from the run's generator as tries started)."""
+        rng = np.random.default_rng([self.seed, self.idx, i, self.tries[i]])
+        fail_u, frac = rng.random(2).tolist()
+        return _lognormal(rng, sigma, 1)[0], fail_u, frac
 
     def finished_ids(self) -> tuple[str, ...]:
         if self._finished_t is None or len(self._finished_t) != len(self.finished):
@@ -382,14 +395,19 @@ class Simulator:
         self._wall0 = _time.perf_counter()
         for i, job in enumerate(self.jobs):
             self._push(job.arrival_s, _ARRIVE, i)
-        for o in cfg.outages:
+        # by start: back-to-back windows listed later-first ended the second at its start (found by
+        # review: the heap orders events of one time as pushed, so the first window's end came after)
+        for o in sorted(cfg.outages, key=lambda o: o.start_s):
             p = self._pool_index[o.pool]
             self._push(o.start_s, _DOWN, p)
             self._push(o.end_s, _UP, p)
-        for k, s in enumerate(cfg.slowdowns):
+        for k, s in sorted(enumerate(cfg.slowdowns), key=lambda ks: ks[1].start_s):
             p = self._pool_index[s.pool]
             self._push(s.start_s, _SLOW, p, k)
             self._push(s.end_s, _FAST, p, k)
+        # the autoscaler sees the pools at 0 too (found by review: it first looked after the first
+        # event, so a replay whose first run came at 500 s billed idle starting workers 500 s more)
+        self._autoscale()
 
     def reset(self) -> PlacementRequest | None:
         """Start over; returns the first request (None if the workload needs no decision)."""
@@ -484,6 +502,11 @@ class Simulator:
                         f"placer {getattr(self.placer, 'name', 'external')!r} left {len(self._ready)} "
                         f"ready task(s) unplaced at t={self._now:.1f}s while nothing else can happen"
                     )
+                if self._active:  # queued where no slot will ever be (found by review: reported done)
+                    stuck = sorted(r.job.run_key for r in self._active.values())
+                    raise SimulationError(
+                        f"{len(stuck)} run(s) can never finish at t={self._now:.1f}s, e.g. {stuck[0]!r}: "
+                        f"tasks queued on pools with no worker and none to come (autoscale off?)")
                 self._done = True
                 return None
             t = heap[0][0]
@@ -578,8 +601,7 @@ class Simulator:
         if run.tries[i] == 1:
             noise, fail_u, frac = run.noise[i], run.fail_u[i], run.fail_frac[i]
         else:
-            noise = _lognormal(run.rng, self.config.duration_noise, 1)[0]
-            fail_u, frac = run.rng.random(2).tolist()
+            noise, fail_u, frac = run.retry_draws(i, self.config.duration_noise)
         pool.expect[(r, i)] = self._now + task.duration_s / speed
         dur = task.duration_s * noise / speed
         ok = fail_u >= pool.failure_rate
@@ -712,7 +734,8 @@ class Simulator:
                 heapq.heappush(heap, t)
                 out.append(t)
         out.sort()
-        top = pool.max_workers * pool.spec.slots_per_worker if pool.up else 0
+        # a pool grows only under the autoscaler (autoscale=False keeps every pool at its workers)
+        top = pool.max_workers * pool.spec.slots_per_worker if pool.up and self.config.autoscale else 0
         return dataclasses.replace(st, max_slots=top if top > st.slots else None,
                                    boot_s=pool.spec.boot_delay_s, free_at=tuple(out[:MAX_FREE_AT]))
 
