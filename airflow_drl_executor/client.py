@@ -21,9 +21,12 @@ import redis
 from policy.errors import SchemaError
 from policy.placement import EarliestFinishPlacer
 from policy.schema import (
+    MAX_READY_PER_REQUEST,
+    MAX_RUNS_PER_REQUEST,
     Decision,
     PlacementReply,
     PlacementRequest,
+    ReadyTask,
     RunEntry,
     RunGraph,
     RunRef,
@@ -167,6 +170,8 @@ class PlacementClient:
             created_at=time.time(),
             deadline_ms=remaining * 1000.0,
         )
+        if len(message.ready) > MAX_READY_PER_REQUEST or len(message.runs) > MAX_RUNS_PER_REQUEST:
+            message = self._cap(message)
         payload = dumps(message)
         too_big: dict[str, int] = {}
         if len(payload) > self.max_request_bytes:
@@ -243,6 +248,27 @@ class PlacementClient:
         cut = replace(message, ready=ready, runs=tuple(e for e in message.runs if e.run_key in keep),
                       progress=tuple(p for p in message.progress if p.run_key in keep))
         return cut, dumps(cut), too_big
+
+    def _cap(self, message: PlacementRequest) -> PlacementRequest:
+        """``message`` cut to the first ready tasks (the executor's order: priority) that the
+        servers take in one request, of at most that many runs: the others get no decision now
+        and are offered again at the next heartbeat, as the tasks of runs :meth:`_fit` leaves out
+        (found by review: with [core] parallelism over 4,096, or ready tasks of over 1,024 runs,
+        every request was refused and every task placed by the fallback)."""
+        runs: set[str] = set()
+        ready: list[ReadyTask] = []
+        for t in message.ready:
+            if len(ready) == MAX_READY_PER_REQUEST:
+                break
+            if t.run_key in runs or len(runs) < MAX_RUNS_PER_REQUEST:
+                runs.add(t.run_key)
+                ready.append(t)
+        log.warning("request %s: %d ready tasks of %d runs, more than one request takes (%d tasks, %d runs): "
+                    "%d sent now, the others at the next heartbeat", message.request_id, len(message.ready),
+                    len({t.run_key for t in message.ready}), MAX_READY_PER_REQUEST, MAX_RUNS_PER_REQUEST,
+                    len(ready))
+        return replace(message, ready=tuple(ready), runs=tuple(e for e in message.runs if e.run_key in runs),
+                       progress=tuple(p for p in message.progress if p.run_key in runs))
 
     def _forget(self, graphs: Mapping[str, RunGraph]) -> None:
         """Send these runs' graphs in full next time."""

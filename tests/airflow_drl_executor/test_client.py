@@ -237,3 +237,25 @@ def test_no_blpop_once_the_deadline_has_passed(redis_url: str) -> None:
     with pytest.raises(PlacementUnavailable):
         client.place(_request("r1"), {"d/r1": _graph()})
     assert blpops == [], f"BLPOP issued (timeout {blpops}) after the deadline had passed"
+
+
+@pytest.mark.parametrize("runs", [1, 1_100])
+def test_more_ready_tasks_or_runs_than_a_request_takes_are_sent_over_heartbeats(
+        redis_url: str, policy_server: Callable[..., PolicyServer], runs: int) -> None:
+    """4,200 ready tasks (of one run, or of 1,100 runs): the first request carries the first
+    4,096 tasks of at most 1,024 runs, in the executor's order; the others get no decision now
+    (offered again at the next heartbeat). was: the server refused the whole request (its limits,
+    policy.schema), and every task was placed by the fallback at every heartbeat."""
+    from policy.schema import MAX_READY_PER_REQUEST, MAX_RUNS_PER_REQUEST
+
+    policy_server()
+    n = 4_200
+    per_run = -(-n // runs)
+    graphs = {f"d/r{k}": RunGraph(f"d/r{k}", tuple(TaskNode(f"t{i}") for i in range(per_run)), ())
+              for k in range(runs)}
+    ready = tuple(ReadyTask(f"d/r{j // per_run}", f"t{j % per_run}") for j in range(n))
+    reply = _client(redis_url, timeout_ms=20_000).place(PlacementRequest("r1", ready, POOLS), graphs)
+    assert reply.ok and not any(d.fallback for d in reply.decisions), reply.error
+    sent = [(d.run_key, d.task_id) for d in reply.decisions]
+    expected = [t.key for t in ready if int(t.run_key[3:]) < MAX_RUNS_PER_REQUEST][:MAX_READY_PER_REQUEST]
+    assert sorted(sent) == sorted(expected)
