@@ -46,5 +46,7 @@ unit: $(STAMP)
 test: install lint typecheck
 	$(VENV)/bin/pytest -q
 
+# the test stack too: an interrupted make test leaves it running (found by review)
 clean: down
+	@if [ -x $(PY) ]; then DRL_STACK_DIR=.stack-test $(PY) scripts/localstack.py down; fi
 	rm -rf .stack .stack-test $(VENV)

@@ -24,6 +24,7 @@ import json
 import os
 import pwd
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -70,6 +71,8 @@ class Ports:
 
 #: The demo's worker pools: (queue, Celery concurrency); must match policy/catalogues/demo.yaml.
 POOLS = (("cpu-small", 4), ("cpu-large", 2), ("gpu", 2))
+#: a policy server heartbeat at most this old is a live server (they beat every 2 s)
+_FRESH_HEARTBEAT_S = 10.0
 
 
 class Stack:
@@ -80,6 +83,8 @@ class Stack:
         self.logs = state / "logs"
         self.pids = state / "pids"
         self.home = state / "airflow"
+        #: each service's log size when this process spawned it (:meth:`new_log`)
+        self.log_start: dict[str, int] = {}
 
     # --- secrets and environment ---------------------------------------------------------------
 
@@ -152,54 +157,79 @@ class Stack:
 
     # --- process bookkeeping --------------------------------------------------------------------
 
-    def pid(self, name: str) -> int | None:
-        path = self.pids / f"{name}.pid"
-        if not path.exists():
-            return None
+    def _recorded(self, name: str) -> tuple[int, str | None] | None:
+        """The pid (= its process group: each service runs in a session of its own) and start
+        time its pid file records; None without a readable one."""
         try:
-            pid = int(path.read_text().strip())
-        except ValueError:
+            fields = (self.pids / f"{name}.pid").read_text().split()
+            return int(fields[0]), (fields[1] if len(fields) > 1 else None)
+        except (OSError, ValueError, IndexError):
             return None
-        return pid if _alive(pid) else None
+
+    def pid(self, name: str) -> int | None:
+        """The service's live main process: the pid its file records, still the process it
+        started (found by review: after a reboot, a pid file named whatever program had that
+        number since, which ``down`` killed with its whole group)."""
+        rec = self._recorded(name)
+        if rec is None or not _alive(rec[0]):
+            return None
+        pid, started = rec
+        return pid if started is None or _start_time(pid) in (started, None) else None
 
     def spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         if self.pid(name):
             return
         self.logs.mkdir(parents=True, exist_ok=True)
         self.pids.mkdir(parents=True, exist_ok=True)
-        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
+        path = self.logs / f"{name}.log"
+        # what this process writes starts here (the log is kept across runs: found by review, a
+        # worker was taken for ready from the previous run's "ready." line)
+        self.log_start[name] = path.stat().st_size if path.exists() else 0
+        log = open(path, "ab")  # noqa: SIM115 - handed to the child
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
                                 start_new_session=True, stdin=subprocess.DEVNULL)
-        (self.pids / f"{name}.pid").write_text(str(proc.pid))
+        (self.pids / f"{name}.pid").write_text(f"{proc.pid} {_start_time(proc.pid) or ''}".strip())
+
+    def new_log(self, name: str) -> bytes:
+        """What the service's process has written to its log since :meth:`spawn` started it."""
+        data = _read(self.logs / f"{name}.log")
+        return data[self.log_start.get(name, 0):]
 
     def kill(self, name: str, timeout: float = 20.0) -> None:
-        pid = self.pid(name)
-        if pid is None:
-            (self.pids / f"{name}.pid").unlink(missing_ok=True)
-            return
-        try:
-            os.killpg(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        end = time.monotonic() + timeout
-        while time.monotonic() < end and _alive(pid):
-            time.sleep(0.2)
-        if _alive(pid):
+        """Stop the service's whole process group: SIGTERM, then SIGKILL to whatever of it is left
+        after ``timeout`` (found by review: only the main process was waited for and, once dead,
+        its pool processes and tasks were left running with no pid file to find them by)."""
+        rec = self._recorded(name)
+        pgid = rec[0] if rec is not None else None
+        if pgid is not None and _alive(pgid) and self.pid(name) is None:
+            pgid = None  # the number is another program's now: not ours to signal
+        if pgid is not None and _group_alive(pgid):
             try:
-                os.killpg(pid, signal.SIGKILL)
+                os.killpg(pgid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+            end = time.monotonic() + timeout
+            while time.monotonic() < end and _group_alive(pgid):
+                _alive(pgid)  # reaps our own child, if it is one
+                time.sleep(0.2)
+            if _group_alive(pgid):
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         (self.pids / f"{name}.pid").unlink(missing_ok=True)
 
     def wait(self, name: str, check: Callable[[], bool], timeout: float) -> None:
         end = time.monotonic() + timeout
+        pid_file = self.pids / f"{name}.pid"
         while time.monotonic() < end:
-            if check():
-                return
-            pid_file = self.pids / f"{name}.pid"
+            # the process first: a port can answer for another (found by review: a scheduler that
+            # exited at start passed on the health of the one killed before it)
             if pid_file.exists() and self.pid(name) is None:
                 raise StackError(f"{name} exited at start; see {self.logs / (name + '.log')}:\n"
                                  + _tail(self.logs / f"{name}.log"))
+            if check():
+                return
             time.sleep(0.5)
         raise StackError(f"{name} not healthy after {timeout:.0f}s; see {self.logs / (name + '.log')}:\n"
                          + _tail(self.logs / f"{name}.log"))
@@ -257,15 +287,27 @@ class Stack:
         if not (data / "PG_VERSION").exists():
             data.mkdir(parents=True, exist_ok=True)
             os.chown(data, pw.pw_uid, pw.pw_gid)
+            # a new cluster has no airflow database: migrate it whatever the marker says (found by
+            # review: after a reboot emptied /tmp, the marker skipped the migration of a new cluster)
+            (self.state / "migrated").unlink(missing_ok=True)
             pwfile = run_dir / "pwfile"
-            pwfile.write_text(self.secret("postgres") + "\n")
-            os.chown(pwfile, pw.pw_uid, pw.pw_gid)
-            _run(["runuser", "-u", user, "--", self.pg_bin("initdb"), "-D", str(data), "-U", "airflow",
-                  "--pwfile", str(pwfile), "--auth-local=scram-sha-256", "--auth-host=scram-sha-256",
-                  "-E", "UTF8"], "initdb")
-            pwfile.unlink()
+            pwfile.unlink(missing_ok=True)
+            # readable by its owner only, and gone whatever initdb does (found by review: 0644, and
+            # left on disk when initdb failed)
+            fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(self.secret("postgres") + "\n")
+                os.chown(pwfile, pw.pw_uid, pw.pw_gid)
+                _run(["runuser", "-u", user, "--", self.pg_bin("initdb"), "-D", str(data), "-U", "airflow",
+                      "--pwfile", str(pwfile), "--auth-local=scram-sha-256", "--auth-host=scram-sha-256",
+                      "-E", "UTF8"], "initdb")
+            finally:
+                pwfile.unlink(missing_ok=True)
         if not self._pg_ready():
-            opts = f"-p {self.ports.pg} -k {run_dir} -c listen_addresses=127.0.0.1 -c max_connections=200"
+            # pg_ctl hands -o to /bin/sh: a folder with a space must be quoted (found by review)
+            opts = (f"-p {self.ports.pg} -k {shlex.quote(str(run_dir))} -c listen_addresses=127.0.0.1"
+                    " -c max_connections=200")
             _run(["runuser", "-u", user, "--", self.pg_bin("pg_ctl"), "-D", str(data), "-l", str(pg_log),
                   "-o", opts, "-w", "-t", "60", "start"], "pg_ctl start")
         env = {**os.environ, "PGPASSWORD": self.secret("postgres")}
@@ -276,6 +318,7 @@ class Stack:
         if exists.returncode != 0:
             raise StackError(f"psql cannot reach PostgreSQL: {exists.stderr.strip()}")
         if exists.stdout.strip() != "1":
+            (self.state / "migrated").unlink(missing_ok=True)  # a new database: migrate it
             _run([self.pg_bin("createdb"), "-h", "127.0.0.1", "-p", str(self.ports.pg), "-U", "airflow",
                   "airflow"], "createdb", env=env)
 
@@ -286,8 +329,12 @@ class Stack:
     def stop_postgres(self) -> None:
         data = self.pg_home / "pgdata"
         if (data / "postmaster.pid").exists():
-            subprocess.run(["runuser", "-u", "postgres", "--", self.pg_bin("pg_ctl"), "-D", str(data),
-                            "-m", "fast", "-w", "stop"], capture_output=True, check=False)
+            done = subprocess.run(["runuser", "-u", "postgres", "--", self.pg_bin("pg_ctl"), "-D", str(data),
+                                   "-m", "fast", "-w", "stop"], capture_output=True, text=True, check=False)
+            # a stale postmaster.pid of a dead server fails too: an error only if it still answers
+            # (found by review: "[stack] down" with PostgreSQL running, and make clean deleting its data)
+            if done.returncode != 0 and self._pg_ready():
+                raise StackError(f"PostgreSQL did not stop (pg_ctl: {(done.stderr or done.stdout).strip()})")
 
     def start_redis(self) -> None:
         if self.pid("redis"):
@@ -299,7 +346,7 @@ class Stack:
         conf = self.state / "redis" / "redis.conf"
         conf.write_text(
             f"port {self.ports.redis}\nbind 127.0.0.1\nprotected-mode yes\n"
-            f"requirepass {self.secret('redis')}\ndir {self.state / 'redis'}\n"
+            f"requirepass {self.secret('redis')}\ndir {_redis_quote(str(self.state / 'redis'))}\n"
             'save ""\nappendonly no\n'
         )
         conf.chmod(0o600)
@@ -334,13 +381,17 @@ class Stack:
         """The server has written a fresh heartbeat to Redis (what the executor checks too)."""
         import redis
 
-        from policy.transport import Keys
+        from policy.transport import Keys, heartbeat_age
 
         try:
-            beats = redis.Redis.from_url(f"{self.redis_url}/0", socket_timeout=1).hgetall(Keys().heartbeat)
+            r = redis.Redis.from_url(f"{self.redis_url}/0", socket_timeout=1)
+            beats: dict[bytes, bytes] = r.hgetall(Keys().heartbeat)
+            secs, micros = r.time()
         except redis.RedisError:
             return False
-        return bool(beats)
+        # fresh: a replica killed -9 leaves its heartbeat until another prunes it (found by review)
+        now = float(secs) + float(micros) / 1e6
+        return any(heartbeat_age(v, now) <= _FRESH_HEARTBEAT_S for v in beats.values())
 
     def migrate(self) -> None:
         marker = self.state / "migrated"
@@ -377,7 +428,7 @@ class Stack:
         self.wait("dag-processor", lambda: self._component_healthy("dag_processor"), 180)
         self.wait("triggerer", lambda: self._component_healthy("triggerer"), 180)
         for pool, _ in POOLS:
-            self.wait(f"worker-{pool}", lambda p=pool: b" ready." in _read(self.logs / f"worker-{p}.log"), 180)
+            self.wait(f"worker-{pool}", lambda p=pool: b" ready." in self.new_log(f"worker-{p}"), 180)
 
     def _health(self) -> dict[str, object] | None:
         try:
@@ -455,11 +506,40 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
+    except PermissionError:  # another user's process (a stack started as root): it exists
+        return True
     try:  # a zombie child of ours counts as dead
         done, _ = os.waitpid(pid, os.WNOHANG)
         return done == 0
     except ChildProcessError:
         return True
+
+
+def _redis_quote(text: str) -> str:
+    """An argument of a redis.conf line, in double quotes (a path with a space was two arguments)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` is left (a zombie leader of ours aside: reaped)."""
+    _alive(pgid)
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time, in clock ticks since boot (``/proc/<pid>/stat`` field 22): with
+    its pid, what tells it from a later process given the same number; None where unreadable."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 def _traversable_by(uid: int, gid: int, path: Path) -> bool:
@@ -546,7 +626,12 @@ def main(argv: list[str] | None = None) -> int:
             if not args.service:
                 parser.error(f"{args.command} needs a SERVICE")
             if args.command == "stop":
-                stack.stop_postgres() if args.service == "postgres" else stack.kill(args.service)
+                if args.service == "postgres":
+                    stack.stop_postgres()
+                elif args.service in stack.SERVICES:
+                    stack.kill(args.service)
+                else:  # (found by review: a typo stopped nothing, silently)
+                    raise StackError(f"unknown service {args.service!r}; one of postgres, {', '.join(stack.SERVICES)}")
             else:
                 stack.start(args.service)
     except StackError as exc:
