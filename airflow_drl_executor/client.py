@@ -283,7 +283,9 @@ class PlacementClient:
 
     def _on_redis_error(self, exc: Exception) -> None:
         self._failures += 1
-        delay = min(self.backoff_max_s, 0.5 * 2 ** (self._failures - 1))
+        # the exponent capped: 2 ** 1024 does not convert to a float (found by review: an
+        # OverflowError at every heartbeat after ~85 minutes of outage)
+        delay = min(self.backoff_max_s, 0.5 * 2.0 ** min(self._failures - 1, 60))
         self._retry_at = self._clock() + delay
         self._last_error = str(exc)
         self._sent.clear()  # the server side may have restarted with the Redis

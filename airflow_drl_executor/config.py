@@ -146,8 +146,11 @@ class ExecutorConfig:
             check_ca_cert(self.redis_url, self.redis_ca_cert)
         except ValueError as exc:
             raise ValueError(f"[{SECTION}] redis_ca_cert: {exc}") from None
-        if not self.key_prefix or ":" in self.key_prefix:
-            raise ValueError(f"[{SECTION}] key_prefix must be non-empty without ':', got {self.key_prefix!r}")
+        # what the policy server takes as --prefix too (found by review: a trailing newline from a
+        # Helm block scalar was taken here, and no server could ever serve those keys)
+        if not self.key_prefix or ":" in self.key_prefix or any(c.isspace() for c in self.key_prefix):
+            raise ValueError(f"[{SECTION}] key_prefix must be non-empty without ':' or whitespace, "
+                             f"got {self.key_prefix!r}")
         if not 1 <= self.decision_timeout_ms <= 10_000:
             raise ValueError(f"[{SECTION}] decision_timeout_ms must be in 1..10000, got {self.decision_timeout_ms}")
         if self.server_stale_after_s <= 0 or self.reconnect_backoff_max_s <= 0:

@@ -150,7 +150,8 @@ class DRLExecutor(CeleryExecutor):
             self._open_spool()
         if cfg.pool_check_interval_s > 0:
             self._pool_watch = PoolWatch(celery_inspector(self.celery_app, cfg.pool_check_timeout_s),
-                                         self.catalogue.names, interval_s=cfg.pool_check_interval_s)
+                                         self.catalogue.names, interval_s=cfg.pool_check_interval_s,
+                                         answer_s=cfg.pool_check_timeout_s)
             self._pool_watch.start()
         self.log.info(
             "DRLExecutor: pools %s from %s; policy server at %s (prefix %r, deadline %d ms); "

@@ -8,8 +8,12 @@ the pool) that ran it.
 from __future__ import annotations
 
 import os
-import socket
 
 
 def worker_hostname() -> str:
-    return os.environ.get("DRL_WORKER_NAME") or socket.getfqdn()
+    """``DRL_WORKER_NAME``, else Airflow's own default (found by review: ``socket.getfqdn`` says
+    ``localhost`` where the host name maps to a loopback address, CPython issue 49254, which
+    Airflow's ``getfqdn`` works around)."""
+    from airflow.utils.net import getfqdn
+
+    return os.environ.get("DRL_WORKER_NAME") or getfqdn()

@@ -27,6 +27,9 @@ from typing import Any
 
 from policy.schema import MAX_FREE_AT
 
+#: the longest run time the ledger counts a task for (about 31 years): finite on the wire
+MAX_RUN_S = 1e9
+
 
 @dataclass
 class Sent:
@@ -68,6 +71,9 @@ class Ledger:
     def add(self, key: Any, pool: str, ti_id: str, run_s: float, start_at: float) -> None:
         if run_s < 0 or run_s != run_s:
             raise ValueError(f"run_s must be a number >= 0, got {run_s!r}")
+        # bounded: an expected finish must stay finite on the wire (found by review: a hint of
+        # 1e308 s on a pool of speed 0.5 was inf, and every request was refused while it ran)
+        run_s = min(run_s, MAX_RUN_S)
         self._sent.pop(key, None)  # a new try goes to the back of its pool's queue
         self._sent[key] = Sent(pool, ti_id, run_s, start_at)
 

@@ -11,8 +11,9 @@ inspect active_queues`` and Flower use: a broadcast that each worker answers wit
 consumes), every ``interval_s`` seconds in a daemon thread with its own broker connection, never
 in the scheduler loop. What it does not know it does not guess: before the first answer, when the
 broadcast fails or no worker answers at all (a broker hiccup and every worker gone look the same),
-or when the last answer is older than three intervals, :meth:`PoolWatch.live_workers` is None
-and every pool counts as the catalogue says, as if this check were off.
+or when the last answer is older than three rounds (interval + broadcast timeout),
+:meth:`PoolWatch.live_workers` is None and every pool counts as the catalogue says, as if this
+check were off.
 """
 
 from __future__ import annotations
@@ -113,12 +114,16 @@ class PoolWatch:
     """Live Celery workers per pool (queue), refreshed every ``interval_s`` by :meth:`start`'s thread."""
 
     def __init__(self, ask: Callable[[], Replies], pools: Sequence[str], *, interval_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        if interval_s <= 0:
-            raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
+                 answer_s: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+        """``answer_s``: how long one check may take (the broadcast's timeout): an answer counts
+        for three rounds of wait and check (found by review: three intervals alone, shorter than
+        one round with a 2 s broadcast every 0.5 s, left every pool up for most of each round)."""
+        if interval_s <= 0 or answer_s < 0:
+            raise ValueError(f"need interval_s > 0 and answer_s >= 0, got {interval_s!r}, {answer_s!r}")
         self._ask = ask
         self.pools = tuple(pools)
         self.interval_s = float(interval_s)
+        self.shelf_s = 3 * (self.interval_s + float(answer_s))
         self._clock = clock
         self._lock = threading.Lock()
         self._live: dict[str, int] | None = None
@@ -131,7 +136,7 @@ class PoolWatch:
     def live_workers(self) -> dict[str, int] | None:
         """Live workers per pool as of the last answer, or None while that is unknown or stale."""
         with self._lock:
-            if self._live is None or self._clock() - self._at > 3 * self.interval_s:
+            if self._live is None or self._clock() - self._at > self.shelf_s:
                 return None
             return dict(self._live)
 
@@ -167,7 +172,7 @@ class PoolWatch:
     def _learned_nothing(self, why: str) -> None:
         if not self._blind:
             log.warning("DRLExecutor: pool liveness unknown (%s); pools count as the catalogue says "
-                        "once the last answer is %.0f s old", why, 3 * self.interval_s)
+                        "once the last answer is %.0f s old", why, self.shelf_s)
         self._blind = True
 
     # --- the thread ------------------------------------------------------------------------------

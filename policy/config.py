@@ -158,8 +158,9 @@ class ServerConfig:
             check_ca_cert(self.redis_url, self.redis_ca_cert)
         except ValueError as exc:
             raise ConfigError(f"redis_ca_cert: {exc}") from None
-        if not self.prefix or any(c.isspace() for c in self.prefix):
-            raise ConfigError(f"prefix: expected a non-empty word, got {self.prefix!r}")
+        if not self.prefix or ":" in self.prefix or any(c.isspace() for c in self.prefix):
+            # what the executor takes as [drl_executor] key_prefix too: no ':' or whitespace
+            raise ConfigError(f"prefix: expected a non-empty word without ':', got {self.prefix!r}")
         if not self.consumer:
             raise ConfigError("consumer: must not be empty")
         if self.placer not in PLACERS:
