@@ -20,6 +20,7 @@ graph-based agents.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Callable, Mapping
 
 import gymnasium as gym
@@ -130,10 +131,15 @@ class PlacementEnv(gym.Env[np.ndarray, int]):
         if self._request is None or not self._todo:
             return obs
         ready, task, g = self._todo[0]
+        # the request's tasks placed so far take the pools' free slots, then queue (found by
+        # review: unseen until the request was sent, two states gave one observation)
+        sent = Counter(d.pool for d in self._decisions)
         for k, p in enumerate(self._request.pools):
+            n = sent.get(p.name, 0)
+            starts = min(n, p.free_slots)
             obs[k * POOL_FEATURES:(k + 1) * POOL_FEATURES] = (
-                float(p.up), p.slots, p.busy, p.queued, p.free_slots, p.speed_for(task.kind),
-                p.price_per_hour,
+                float(p.up), p.slots, p.busy + starts, p.queued + n - starts, p.free_slots - starts,
+                p.speed_for(task.kind), p.price_per_hour,
             )
         base = POOL_FEATURES * self.n_pools
         rank = view(g.graph).rank[g.index[ready.task_id]]

@@ -215,7 +215,9 @@ def interval_rewards(ro: Rollout, objective: str, cost_weight: float, ref: Refer
     elif objective in ("p95_jct", "sla_violation_rate"):
         pen = job_penalties(ro.jobs, objective, deadline, ref.tail_q)
         # a run's penalty goes to the interval it finished in
-        k = np.clip(np.searchsorted(t, finish, side="right") - 1, 0, len(t) - 1)
+        # (side "left": a run done at t_i+1 finished before decision i+1 saw the system, in
+        # [t_i, t_i+1] as the JCT and cost terms count it; found by review)
+        k = np.clip(np.searchsorted(t, finish, side="left") - 1, 0, len(t) - 1)
         np.add.at(r, k, -pen / (ref.tail_sum if objective == "p95_jct" else ref.late_sum))
     w_cost = cost_weight + (1.0 if objective == "cost" else 0.0)
     if w_cost:
@@ -320,8 +322,17 @@ def eval_score(settings: Sequence[Setting], args: Args, res: dict[str, Any],
     ratios = {}
     for s in settings:
         ref = reference[s.name][s.teacher]
-        ratios[s.name] = objective_value(res[s.name]["drl"], args, ref) / max(objective_value(ref, args, ref), 1e-9)
+        ratios[s.name] = _ratio(objective_value(res[s.name]["drl"], args, ref), objective_value(ref, args, ref))
     return float(np.exp(np.mean(np.log(list(ratios.values()))))), ratios
+
+
+def _ratio(drl: float, teacher: float, tie: float = 1e-9) -> float:
+    """``drl / teacher``, 1 for a tie at zero, and the teacher floored at 1% of ``drl`` (found by
+    review: a teacher with no late run made a tie 0, log 0 = -inf, and the geometric mean over
+    every setting 0, the best score however bad the rest; one late run made 1e8)."""
+    if drl <= tie and teacher <= tie:
+        return 1.0
+    return drl / max(teacher, 0.01 * drl, tie)
 
 
 def reinforce(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catalogue, args: Args,
@@ -351,9 +362,6 @@ def reinforce(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catal
         bar = range(args.rl_iters)
     done = 0
     for it in bar:
-        if args.rl_time_limit_s and time.perf_counter() - t0 > args.rl_time_limit_s:
-            log.info("RL time limit reached after %d iterations", it)
-            break
         frac = it / max(args.rl_iters - 1, 1)
         setting, n_runs = curriculum(settings[it % len(settings)], frac, args)
         stream_seed = args.seed * 100_003 + 7919 * it
@@ -399,11 +407,17 @@ def reinforce(model: PlacementGNN, settings: Sequence[Setting], catalogue: Catal
             log.info("ppo iter %d: return %.3f, mean JCT / reference %.3f, kl %.4f", it, np.mean(episode),
                      np.mean(jct) / max(ref_jct, 1e-9), stats["approx_kl"])
         done = it + 1
-        if args.rl_eval_every and (done % args.rl_eval_every == 0 or done == args.rl_iters):
+        # the last iteration is evaluated, whether rl_iters or the time limit ends the loop (found
+        # by review: stopped by the limit, the weights since the last evaluation were dropped)
+        stop = bool(args.rl_time_limit_s) and time.perf_counter() - t0 > args.rl_time_limit_s
+        if args.rl_eval_every and (done % args.rl_eval_every == 0 or done == args.rl_iters or stop):
             score, ratios = eval_score(scored, args, evaluate(model, scored, catalogue, args), reference)
             record(global_step, **{"eval/rl_score": score}, **{f"eval/rl_ratio/{k}": v for k, v in ratios.items()})
             if score < best_score:
                 best_score, best_state, best_iter = score, copy.deepcopy(model.state_dict()), it
+        if stop:
+            log.info("RL time limit reached after %d iterations", done)
+            break
     if args.rl_eval_every:
         model.load_state_dict(best_state)
     return {"rl_iters_done": done, "rl_best_iter": best_iter, "rl_best_eval_score": best_score,
