@@ -83,10 +83,10 @@ class ServerConfig:
     #: Largest request payload accepted, in bytes; larger ones get a ``bad_request`` reply.
     max_request_bytes: int = 8 * 1024 * 1024
     #: Pending entries idle longer than this (ms) are claimed from a replica that crashed or is
-    #: stuck (XAUTOCLAIM); below the executor's decision deadline (200 ms) so they are still
+    #: stuck (XCLAIM); below the executor's decision deadline (200 ms) so they are still
     #: answered in time. Safe against a merely slow replica: only the owner at reply time answers.
     claim_idle_ms: int = 100
-    #: Seconds between XAUTOCLAIM sweeps.
+    #: Seconds between sweeps for other replicas' idle entries (XPENDING + XCLAIM).
     claim_interval_s: float = 0.05
     #: Most graphs kept in the per-run graph cache ...
     graph_cache_entries: int = 4096

@@ -70,7 +70,7 @@ class ServerMetrics:
             "drl_policy_model_swaps_total", "Models swapped in by hot reload", registry=r
         )
         self.claimed = Counter(
-            "drl_policy_claimed_total", "Pending entries taken over from another replica (XAUTOCLAIM)",
+            "drl_policy_claimed_total", "Pending entries taken over from another replica (XCLAIM)",
             registry=r,
         )
         self.graph_store_hits = Counter(

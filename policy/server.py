@@ -17,8 +17,9 @@ Choices worth knowing:
   entry id is Redis's clock in milliseconds; the replica tracks Redis's clock by ``TIME``): the
   client has already fallen back and would not read it. No two hosts' clocks are compared.
 - A replica takes over entries another replica read but has not acknowledged (it crashed, or is
-  stuck) with ``XAUTOCLAIM`` once they are ``claim_idle_ms`` old, so a crashed replica's requests
-  are still answered within the executor's deadline. Exactly one reply per request: replies,
+  stuck) with ``XCLAIM`` once they are ``claim_idle_ms`` old (an idle replica wakes for the sweep),
+  so a crashed replica's requests are still answered within the executor's deadline; an entry
+  taken over once is left to a replica whose heartbeat is fresh. Exactly one reply per request: replies,
   ``XACK`` and ``XDEL`` go in one Lua script that answers only the entries this replica still owns
   (``XPENDING ... consumer``), so a slow replica whose entries were taken over drops its answers.
 - A graph sent in full is kept in the replica's :class:`~policy.graph_cache.GraphCache` and, by
@@ -172,6 +173,10 @@ class _Job:
     graphs: dict[str, RunGraph] | None = None
     reply: PlacementReply | None = None
     late: bool = False
+    #: the payload's ``created_at`` and ``deadline_ms`` as read (None: not parsed): an error reply
+    #: is dropped past the deadline too (found by review: only a parsed request's was)
+    created_at: Any = None
+    deadline_ms: Any = None
 
 
 class PolicyServer:
@@ -256,7 +261,6 @@ class PolicyServer:
         self._redis: redis.Redis | None = None
         self._ready = False
         self.connected = False
-        self._claim_cursor = "0-0"
         #: Redis's clock minus ours, seconds (None until measured: deadlines then use created_at)
         self._clock_offset: float | None = None
         #: the batch's full graphs, for the shared store (SET NX, with the replies)
@@ -390,8 +394,13 @@ class PolicyServer:
         if self.registry is not None:
             self.registry.wait_idle(5.0)
         r = self._redis
-        if r is None:
-            return
+        if r is None:  # stopped while reconnecting: one short try, so executors stop waiting on it
+            try:
+                r = redis.Redis.from_url(self.config.redis_url, socket_connect_timeout=1.0, socket_timeout=1.0,
+                                         **tls_options(self.config.redis_url, self.config.redis_ca_cert))
+            except (redis.RedisError, ValueError) as exc:
+                log.debug("cleanup on exit skipped: %s", exc)
+                return
         try:
             r.hdel(self.keys.heartbeat, self.config.consumer)
             for c in r.xinfo_consumers(self.keys.requests, self.keys.group):
@@ -416,7 +425,10 @@ class PolicyServer:
             self._next_claim = now + self.config.claim_interval_s
             entries = self._claim(r)
         if not entries:
-            entries = self._read(r, self.config.batch_max, self.config.block_ms)
+            # an idle replica wakes for its next sweep: a crashed replica's requests are taken over
+            # within claim_interval_s, not block_ms (found by review: up to 300 ms, past the deadline)
+            block = min(self.config.block_ms, max(1, math.ceil((self._next_claim - time.monotonic()) * 1000)))
+            entries = self._read(r, self.config.batch_max, block)
         # when each entry was read (found by review: stamped in handle(), after the batch wait,
         # so request_seconds and server_ms left out the up to batch_wait_ms a request waited)
         read_at = dict.fromkeys((eid for eid, _ in entries), time.perf_counter())
@@ -458,11 +470,27 @@ class PolicyServer:
         return list(got[0][1])
 
     def _claim(self, r: redis.Redis) -> list[tuple[bytes, dict[bytes, bytes]]]:
-        res: Any = r.xautoclaim(self.keys.requests, self.keys.group, self.config.consumer,
-                           min_idle_time=self.config.claim_idle_ms, start_id=self._claim_cursor,
-                           count=self.config.batch_max)
-        self._claim_cursor = _text(res[0])
-        claimed = [(eid, fields) for eid, fields in res[1] if fields is not None]
+        """Entries pending over ``claim_idle_ms`` (a crashed or stuck replica's), taken over. One
+        taken over before, from a replica whose heartbeat is fresh, is left to it (found by review:
+        a batch slower than claim_idle_ms went back and forth between two live replicas, each
+        answer thrown away as taken over, until its deadline dropped it)."""
+        me = self.config.consumer
+        pend: Any = r.xpending_range(self.keys.requests, self.keys.group, min="-", max="+",
+                                     count=4 * self.config.batch_max, idle=self.config.claim_idle_ms)
+        again = sorted({_text(p["consumer"]) for p in pend if p["times_delivered"] >= 2 and _text(p["consumer"]) != me})
+        live: set[str] = set()
+        if again:
+            now = self.redis_now()
+            beats: Any = r.hmget(self.keys.heartbeat, again)
+            live = {c for c, b in zip(again, beats, strict=True)
+                    if b is not None and heartbeat_age(b, now) <= 3 * self.config.heartbeat_s}
+        ids = [p["message_id"] for p in pend
+               if not (p["times_delivered"] >= 2 and _text(p["consumer"]) in live)][:self.config.batch_max]
+        if not ids:
+            return []
+        res: Any = r.xclaim(self.keys.requests, self.keys.group, me, min_idle_time=self.config.claim_idle_ms,
+                            message_ids=ids)
+        claimed = [(eid, fields) for eid, fields in res if fields is not None]
         if claimed:
             self.metrics.claimed.inc(len(claimed))
             log.warning("claimed %d pending requests from a silent replica", len(claimed))
@@ -650,7 +678,8 @@ class PolicyServer:
         rid = obj.get("request_id")
         if isinstance(rid, str) and 0 < len(rid) <= _MAX_REQUEST_ID:
             job.request_id = rid
-        if self._is_late(job, obj.get("created_at"), obj.get("deadline_ms")):
+        job.created_at, job.deadline_ms = obj.get("created_at"), obj.get("deadline_ms")
+        if self._is_late(job, job.created_at, job.deadline_ms):
             job.late = True
             return
         try:
@@ -725,6 +754,11 @@ class PolicyServer:
                 )
         return graphs
 
+    def _store_ttl(self) -> int:
+        """The graph store's TTL in whole seconds, at least 1, for writes and reads alike (found
+        by review: a read with EX int(0.5) = 0 was refused by Redis: every reference missed)."""
+        return max(1, math.ceil(self.config.graph_store_ttl_s))
+
     def _stored_graph(self, ref: RunRef) -> RunGraph | None:
         """The graph ``ref`` names from the shared store (another replica was sent it), cached
         here from now on; None when it is not there (or the store is off, or unreachable)."""
@@ -732,7 +766,7 @@ class PolicyServer:
         if r is None or self.config.graph_store_ttl_s <= 0:
             return None
         try:
-            raw: Any = r.getex(self.keys.graph(ref.run_key, ref.digest), ex=int(self.config.graph_store_ttl_s))
+            raw: Any = r.getex(self.keys.graph(ref.run_key, ref.digest), ex=self._store_ttl())
         except redis.RedisError as exc:
             log.warning("graph store unavailable (%s): %s answered unknown_graph", exc, ref.run_key)
             return None
@@ -764,8 +798,7 @@ class PolicyServer:
         """One script call (:data:`_REPLY_LUA`): the batch's full graphs into the shared store
         (and a fresh TTL for those it referenced), then the replies to, and the acknowledgement
         of, the entries this replica still owns."""
-        args: list[Any] = [self.keys.group, self.config.consumer, REPLY_TTL_S,
-                           max(1, int(self.config.graph_store_ttl_s))]
+        args: list[Any] = [self.keys.group, self.config.consumer, REPLY_TTL_S, self._store_ttl()]
         store_on = self.config.graph_store_ttl_s > 0
         stored = list(self._store_graphs.values()) if store_on else []
         args.append(len(stored))
@@ -777,9 +810,8 @@ class PolicyServer:
         answered: list[_Job] = []
         late = 0
         for job in jobs:
-            if job.reply is not None and not job.late and job.request is not None:
-                if self._is_late(job, job.request.created_at, job.request.deadline_ms):
-                    job.late = True
+            if job.reply is not None and not job.late and self._is_late(job, job.created_at, job.deadline_ms):
+                job.late = True
             if job.late:
                 late += 1
                 log.debug("request %s dropped: past its deadline", job.request_id)
