@@ -253,13 +253,29 @@ class DRLExecutor(CeleryExecutor):
 
     # --- placement -------------------------------------------------------------------------------
 
+    def _held_count(self) -> int:
+        return sum(1 for key in self._held_since if key in self.queued_tasks)
+
+    @property
+    def slots_available(self) -> int:
+        """Airflow's count without the tasks held for a better pool: the scheduler queues new
+        task instances by it (found by review: two held tasks of parallelism 4 with two running
+        kept every other ready task unqueued for up to max_wait_s). What is sent stays within
+        the open slots (:meth:`_place`'s budget)."""
+        return int(super().slots_available) + self._held_count()
+
+    @property
+    def slots_occupied(self) -> int:
+        """Airflow's count without the tasks held for a better pool (see :attr:`slots_available`)."""
+        return int(super().slots_occupied) - self._held_count()
+
     def _get_workloads_to_schedule(self, open_slots: int) -> list[tuple[Any, Any]]:
         """The base selection, with the tasks held for a better pool not counted against the open
         slots: they would otherwise take those slots at every heartbeat and keep every other ready
         task from being offered until they are placed (up to ``max_wait_s``). :meth:`_place`
         still dispatches at most ``open_slots``, callbacks first; callbacks past ``open_slots`` stay
         queued (found by review: the widened selection let them past ``parallelism``)."""
-        held = sum(1 for key in self._held_since if key in self.queued_tasks)
+        held = self._held_count()
         self._open_slots = open_slots
         chosen = super()._get_workloads_to_schedule(open_slots + held)
         callbacks = [i for i, (key, _) in enumerate(chosen) if key in self.queued_callbacks]
@@ -272,6 +288,10 @@ class DRLExecutor(CeleryExecutor):
         from airflow.executors.workloads import ExecuteCallback, ExecuteTask
 
         tasks = [w for w in workload_items if isinstance(w, ExecuteTask)]
+        stale = self._stale(tasks)
+        if stale:
+            tasks = [w for w in tasks if id(w) not in stale]
+            workload_items = [w for w in workload_items if id(w) not in stale]
         callbacks = [w for w in workload_items if isinstance(w, ExecuteCallback)]
         if callbacks:
             self._route_callbacks(callbacks)
@@ -304,6 +324,8 @@ class DRLExecutor(CeleryExecutor):
                 if key in self.running and key not in self.queued_tasks
                 and self.event_buffer.get(key, (None,))[0] != TaskInstanceState.FAILED]
         accepted = {key for key, _ in sent}
+        for key in accepted:  # a task whose publish failed keeps its hold clock (found by review: it
+            self._held_since.pop(key, None)  # was held again from zero, max_wait_s per timeout)
         metrics.sent(rec for _, rec in sent)
         for key, _ in records:
             if key not in accepted:
@@ -438,6 +460,38 @@ class DRLExecutor(CeleryExecutor):
         duration = task.duration_s if task is not None else self.drl_config.default_duration_s
         return duration / max(pool.speed_for(task.kind if task is not None else ""), 1e-3)
 
+    def _stale(self, tasks: Sequence[Any]) -> set[int]:
+        """The ``id()`` of the workloads not to send, dropped from the queue: a try superseded by
+        a later try of its task instance queued here (a clear while it was held: found by review,
+        both tries were sent), and a held task whose task instance left ``queued`` meanwhile (marked
+        success or failed in the UI: found by review, sent once max_wait_s had passed). Plain
+        Celery sends at once; only a hold opens these windows."""
+        newest: dict[tuple[Any, ...], int] = {}
+        for w in tasks:
+            inst = (w.ti.dag_id, w.ti.run_id, w.ti.task_id, _map_index(w.ti))
+            newest[inst] = max(newest.get(inst, w.ti.try_number), w.ti.try_number)
+        stale = [w for w in tasks
+                 if w.ti.try_number < newest[(w.ti.dag_id, w.ti.run_id, w.ti.task_id, _map_index(w.ti))]]
+        superseded = {id(w) for w in stale}
+        held = [w for w in tasks if self._key(w) in self._held_since and id(w) not in superseded]
+        if held:
+            from airflow.utils.session import create_session
+
+            try:
+                with create_session(scoped=False) as session:
+                    left = self.graph_builder.not_queued(session, [w.ti.id for w in held])
+            except SQLAlchemyError as exc:
+                self.log.warning("DRLExecutor: cannot check the state of held tasks: %s", exc)
+                left = set()
+            stale += [w for w in held if uuid_text(w.ti.id) in left]
+        for w in stale:
+            key = self._key(w)
+            self.log.info("DRLExecutor: %s/%s/%s try %s: no longer queued (cleared or set meanwhile): not sent",
+                          w.ti.dag_id, w.ti.run_id, w.ti.task_id, w.ti.try_number)
+            self.queued_tasks.pop(key, None)
+            self._held_since.pop(key, None)
+        return {id(w) for w in stale}
+
     def _with_held(self, ready_tasks: Sequence[ReadyTask], ready: Sequence[ReadyInstance],
                    tasks: Sequence[Any]) -> list[ReadyTask]:
         """``ready_tasks`` with how long this executor has held each (``ReadyTask.held_s``, an
@@ -468,6 +522,9 @@ class DRLExecutor(CeleryExecutor):
             if budget is not None:
                 remaining, mine = budget, 0
                 for w in tasks:
+                    if id(w) not in theirs and self._key(w) in self._held_since:
+                        continue  # held for a better pool: no slot spent on it ahead of theirs (found
+                        # by review: a held task kept a task of its own queue back for max_wait_s)
                     if remaining > 0:
                         remaining -= 1
                         mine += id(w) not in theirs
@@ -576,7 +633,6 @@ class DRLExecutor(CeleryExecutor):
                 decision = self._fallback([ReadyTask(inst.run_key, inst.node)], pools, graphs, why
                                           )[(inst.run_key, inst.node)]
                 decision = _noting(decision, ignored.get((inst.run_key, inst.node)))
-            self._held_since.pop(key, None)
             placed.append(w)
             w.ti.queue = decision.pool
             graph = graphs.get(inst.run_key)

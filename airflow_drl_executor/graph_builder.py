@@ -517,6 +517,20 @@ class GraphBuilder:
             out.update((uuid_text(r[0]), starts[i]) for i, r in enumerate(rows) if i in starts)
         return out
 
+    def not_queued(self, session: Session, ti_ids: Sequence[object]) -> set[str]:
+        """Of these task instances (ids), those no longer ``queued`` in the metadata DB (marked
+        success or failed, cleared to a new id: no row with it in ``queued``)."""
+        from airflow.models.taskinstance import TaskInstance
+        from sqlalchemy import select
+
+        queued: set[str] = set()
+        for ids in _id_chunks(ti_ids):
+            rows = session.execute(
+                select(TaskInstance.id).where(TaskInstance.id.in_(ids), TaskInstance.state == "queued")
+            ).scalars().all()
+            queued.update(uuid_text(ti_id) for ti_id in rows)
+        return {uuid_text(i) for i in ti_ids} - queued
+
     def airflow_pools(self, session: Session, ti_ids: Sequence[object]) -> dict[str, str]:
         """Of these task instances (ids), those in an Airflow pool other than ``default_pool``, with
         that pool. An executor's workload does not carry it (``TaskInstanceDTO`` has ``pool_slots``
