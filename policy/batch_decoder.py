@@ -472,7 +472,9 @@ def _steps(xp: _Ops, pre: Any, a: Any, g: Any, c_t: Any, c_dyn: Any, w: Any, w_b
         row_best = xp.max_last(logits)[..., 0]  # [S, R]
         top_logit = xp.max_last(row_best)  # [S, 1]
         k = xp.cast(row_best >= top_logit - TIE_TOLERANCE, xp.i64).argmax(1)
-        choice = m.where(stop > top_logit[:, 0], stop_col, k * P + logits[arange, k].argmax(1))
+        row = logits[arange, k]  # [S, P]: the chosen row's first pool within the tolerance of its best
+        first = xp.cast(row >= xp.max_last(row) - TIE_TOLERANCE, xp.i64).argmax(1)
+        choice = m.where(stop > top_logit[:, 0], stop_col, k * P + first)
         take = active & (choice < stop_col)  # a row was chosen: sent, or reserving its pool
         k = m.clip(choice // P, None, R - 1)
         pool = choice % P

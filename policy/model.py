@@ -91,10 +91,12 @@ TIE_TOLERANCE = 1e-4
 def greedy_choice(logits: np.ndarray) -> int:
     """The flat index (``row * P + pool``) greedy decoding takes among ``logits [r, P]`` (rows in
     decode order; see :data:`TIE_TOLERANCE`): the first row whose best logit is within the
-    tolerance of the maximum, and that row's first best pool."""
+    tolerance of the maximum, and that row's first pool within the tolerance of its best (found by
+    review: two identical pools, their logits apart in the last bits by how the pool encoder was
+    batched, went one way alone and the other in a micro-batch)."""
     best = logits.max(axis=1)
     k = int(np.argmax(best >= best.max() - TIE_TOLERANCE))
-    return k * logits.shape[1] + int(logits[k].argmax())
+    return k * logits.shape[1] + int(np.argmax(logits[k] >= best[k] - TIE_TOLERANCE))
 
 
 #: The row bias's column: SRPT's key, 0 for the run with the least work left, at most 3.

@@ -137,14 +137,15 @@ def _greedy_steps(pre: np.ndarray, c_dyn: np.ndarray, w: np.ndarray, w_b: np.nda
         for k in range(nrows):
             r = rows[k]
             row_best = logits[r, 0]
-            row_p = 0
             for p in range(1, num_pools):
                 if logits[r, p] > row_best:
                     row_best = logits[r, p]
-                    row_p = p
             if row_best >= best_logit - tie:
                 best_k = k
-                best_p = row_p
+                for p in range(num_pools):  # its first pool within the tolerance of its best
+                    if logits[r, p] >= row_best - tie:
+                        best_p = p
+                        break
                 break
         any_free = False
         for p in range(num_pools):
