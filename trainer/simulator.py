@@ -359,6 +359,14 @@ class Simulator:
         """Integral of the number of runs in the system over time so far (sum of JCTs so far)."""
         return self._area
 
+    def area_until(self, t: float) -> float:
+        """The jobs-in-system integral from 0 to ``t`` (at most now): each run counts from its
+        arrival to its finish or ``t``, whichever is first (what :attr:`jobs_in_system_area` was
+        at ``t``)."""
+        t = min(t, self._now)
+        done = sum(max(0.0, min(r.finish_s, t) - r.arrival_s) for r in self._job_records)
+        return done + sum(max(0.0, t - run.job.arrival_s) for run in self._active.values())
+
     @property
     def pools(self) -> Sequence[PoolRuntime]:
         return self._pools

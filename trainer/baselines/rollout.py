@@ -46,7 +46,9 @@ class RolloutPlanner:
         request = sim.step(decisions)
         while request is not None and sim.now < end:
             request = sim.step(planner.place(request, sim.graphs))
-        return sim.jobs_in_system_area + sim.jobs_in_system * max(0.0, end - sim.now)
+        if sim.now > end:  # the last step ran past the horizon: the integral as it was there (found by
+            return sim.area_until(end)  # review: the area past it was kept, windows of unequal length)
+        return sim.jobs_in_system_area + sim.jobs_in_system * (end - sim.now)
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
         decisions = self.base.place(request, graphs)
