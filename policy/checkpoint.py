@@ -275,6 +275,9 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
             f" {extra}, wrong shape {wrong}"
         )
     records = ([m.get("training") for m in manifest["members"]] if members else [manifest.get("training")])
+    for record in records:  # found by review: "training": "see notes" raised AttributeError
+        if record is not None and not isinstance(record, dict):
+            raise CheckpointError(f"{path}: manifest training: expected an object, got {type(record).__name__}")
     for p, m, training in zip(prefixes, models, records, strict=True):
         m.load_state_dict({k[len(p):]: v for k, v in tensors.items() if k.startswith(p)})
         untrained = untrained_inputs_of(m, training)

@@ -119,7 +119,9 @@ def checkpoint_sha256(path: Path) -> str:
         raise CheckpointError(f"{path}: no checkpoint file there")
     for f in files:
         if path.is_dir():
-            h.update(str(f.relative_to(path)).encode() + b"\0")
+            # the name's bytes as the file system has them (found by review: a name that is not
+            # UTF-8, e.g. notes-\xe9.txt, raised UnicodeEncodeError out of the server's start)
+            h.update(os.fsencode(f.relative_to(path)) + b"\0")
         with f.open("rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
@@ -218,7 +220,7 @@ def activation_lock(root: str | Path) -> Iterator[None]:
     byte-range locks on NFS).
     """
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
+    make_registry_dir(root)
     fd = _open_shared(root / ACTIVATION_LOCK)
     with os.fdopen(fd, "a") as fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
@@ -259,16 +261,37 @@ def share_tree(path: str | Path, *, recursive: bool = True) -> None:
             return
 
 
+def _stamp(st: os.stat_result) -> tuple[int, ...]:
+    """What tells one version of the manifest from the next: written by rename, each is a new
+    inode (found by review: mtime and size alone missed an activation of a same-length name
+    within the file system's timestamp tick: NFS, SMB, FAT's 2 s)."""
+    return st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size
+
+
+def make_registry_dir(root: Path) -> None:
+    """``root`` created if missing, the group's (2775) when this process made it (found by review:
+    a folder a server made under its umask, 0755, kept the fine-tune's worker out of it)."""
+    if not root.is_dir():
+        root.mkdir(parents=True, exist_ok=True)
+        share_tree(root, recursive=False)
+
+
 def _write_json(root: Path, name: str, doc: dict[str, str]) -> Path:
     """Write ``root/name`` by an atomic rename, so a reader never sees half a file."""
-    root.mkdir(parents=True, exist_ok=True)
+    make_registry_dir(root)
     fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{Path(name).stem}.", suffix=".json")
-    # mkstemp makes it 0600: the servers and the workers that promote run as different users of
-    # one group on a shared registry (docker-compose.yaml), so each must read what the other wrote
-    os.fchmod(fd, REGISTRY_FILE_MODE)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(doc, fh)
-    os.replace(tmp, root / name)
+    try:
+        # mkstemp makes it 0600: the servers and the workers that promote run as different users of
+        # one group on a shared registry (docker-compose.yaml), so each must read what the other wrote
+        os.fchmod(fd, REGISTRY_FILE_MODE)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(doc, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, root / name)
+    except BaseException:  # a full disk: no temporary file left behind (found by review)
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return root / name
 
 
@@ -413,6 +436,7 @@ def copy_packaged(root: Path, source: Path) -> tuple[Path, str]:
     sha = checkpoint_sha256(source)
     copy = Path(PACKAGED_DIR) / sha[:12]
     if not (root / copy).exists():
+        make_registry_dir(root)
         (root / PACKAGED_DIR).mkdir(parents=True, exist_ok=True)
         # the group's whatever the umask (found by review: under 077 the servers, another user of
         # the group, could not reach packaged/ and refused what the CLI had activated)
@@ -513,7 +537,7 @@ class ModelRegistry:
         self.on_failure = on_failure or (lambda reason: None)
         self._clock = clock
         self._next_check = 0.0
-        self._seen: tuple[int, int] | None = None  # (mtime_ns, size) of the manifest last read
+        self._seen: tuple[int, ...] | None = None  # _stamp of the manifest last read
         self._current: str | None = None  # checkpoint path + hash last accepted or refused
         self._lock = threading.Lock()
         self._ready: LoadedModel | None = None
@@ -542,7 +566,7 @@ class ModelRegistry:
         except OSError as exc:  # _seen stays unset: the first poll reads the manifest again
             self._io_errors[_MANIFEST_READ] = f"{self.manifest}: cannot read: {exc}"
             raise CheckpointError(self._io_errors[_MANIFEST_READ]) from exc
-        self._seen = (st.st_mtime_ns, st.st_size)
+        self._seen = _stamp(st)
         try:
             spec = self._read_manifest()
             if spec is None:
@@ -608,7 +632,7 @@ class ModelRegistry:
         except OSError as exc:
             self._io_failure(_MANIFEST_READ, f"{self.manifest}: cannot read: {exc}")
             return None
-        stamp = (st.st_mtime_ns, st.st_size)
+        stamp = _stamp(st)
         if stamp == self._seen:
             self._io_errors.pop(_MANIFEST_READ, None)
             return None

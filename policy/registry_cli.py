@@ -171,8 +171,10 @@ def activate_checked(root: Path, checkpoint: Path, *, note: str = "", check: boo
         version = ModelRegistry(root, device=device).check(checkpoint, actual).version
     # a rollback keeps the name its history recorded (relative: the same files on every host)
     named = Path(named_as) if named_as and not Path(named_as).is_absolute() else _named(root, checkpoint)
-    if not named.is_absolute():
-        share_tree(checkpoint)  # inside the registry: the group's, as the servers read it (found by review)
+    if not _named(root, checkpoint).is_absolute():
+        # inside the registry: the group's, as the servers read it (found by review); a name kept
+        # relative from the history (../private/a) is outside it: not ours to open up (found by review)
+        share_tree(checkpoint)
     with activation_lock(root):
         if _sha(checkpoint) != actual:
             raise CheckpointError(f"{checkpoint}: its files changed while it was being checked; not activated")
