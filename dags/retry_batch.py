@@ -28,7 +28,10 @@ FIRST_TRY_FAILS = "transient error on the first try"
 def retry_batch() -> None:
     @task(retries=1, retry_delay=dt.timedelta(seconds=1))
     def fetch(**context: Any) -> int:
-        if context["ti"].try_number == 1:
+        ti = context["ti"]
+        # the first try since the last clear: a clear leaves try_number as it was and sets
+        # max_tries to it plus retries (found by review: a cleared run's fetch never failed)
+        if ti.try_number == ti.max_tries - ti.task.retries + 1:
             raise RuntimeError(FIRST_TRY_FAILS)
         return 42
 
