@@ -61,7 +61,7 @@ from policy.schema import (
     TaskNode,
     dumps,
 )
-from policy.transport import PAYLOAD_FIELD, STREAM_MAXLEN, Keys
+from policy.transport import DEFAULT_PREFIX, PAYLOAD_FIELD, STREAM_MAXLEN, Keys
 
 log = logging.getLogger(__name__)
 
@@ -121,16 +121,19 @@ def start_redis(port: int | None = None, password: str | None = None) -> Private
     )
     srv = PrivateRedis(port=port, password=password, proc=proc, folder=folder)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"redis-server exited with {proc.returncode} on port {port}")
-        try:
-            if srv.client().ping():
-                return srv
-        except redis.ConnectionError:
-            time.sleep(0.02)
-    srv.stop()
-    raise RuntimeError(f"redis-server did not answer on port {port} within 10 s")
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {proc.returncode} on port {port}")
+            try:
+                if srv.client().ping():
+                    return srv
+            except redis.ConnectionError:
+                time.sleep(0.02)
+        raise RuntimeError(f"redis-server did not answer on port {port} within 10 s")
+    except BaseException:  # Ctrl-C while waiting too: no redis-server nor folder left (found by review)
+        srv.stop()
+        raise
 
 
 def start_server(url: str, prefix: str, extra: list[str] | None = None,
@@ -266,8 +269,9 @@ class _Load:
 
 
 #: one client's ``(round-trip seconds of the good replies, their server_ms, errors, runs asked about,
-#: when each good reply came: time.perf_counter(), one clock for every process on Linux)``
-_ClientResult = tuple[list[float], list[float], int, int, list[float]]
+#: when each good reply came: time.perf_counter(), one clock for every process on Linux, decisions
+#: the good replies carried)``
+_ClientResult = tuple[list[float], list[float], int, int, list[float], int]
 
 
 def _client(load: _Load, c: int, g: RunGraph, start: Any) -> _ClientResult:
@@ -275,15 +279,15 @@ def _client(load: _Load, c: int, g: RunGraph, start: Any) -> _ClientResult:
     lat: list[float] = []
     server: list[float] = []
     done: list[float] = []
-    errors = 0
+    errors = decided = 0
     r = redis.Redis.from_url(load.url)
     cl = Client(r, load.keys)
     local = np.random.default_rng(load.seed * 1000 + c)
     try:
         # the first request carries the full graph: give it time, it is not measured
         cl.ask([g], [ReadyTask(g.run_key, g.tasks[0].task_id)], load.catalogue, deadline_ms=30_000)
-    except TimeoutError:
-        errors += 1
+    except Exception:  # noqa: BLE001 - counted; the client still joins the start (found by review: a
+        errors += 1  # ConnectionError here ended the thread before the barrier, the bench hung)
     start.wait()
     period = 1.0 / load.rate_per_client if load.rate_per_client else 0.0
     next_t = time.perf_counter()
@@ -310,22 +314,27 @@ def _client(load: _Load, c: int, g: RunGraph, start: Any) -> _ClientResult:
                 lat.append(t1 - t0)
                 server.append(reply.server_ms)
                 done.append(t1)
+                decided += len(reply.decisions)
         except TimeoutError:
             errors += 1
             cl.sent.clear()  # the server may not have the graph: resend it next time
+        except Exception:  # noqa: BLE001 - a broken connection: counted (found by review: the thread
+            errors += 1  # ended, its requests and errors lost, and the case read as clean)
+            cl.sent.clear()
+            time.sleep(0.01)
         if period:
             next_t += period
             delay = next_t - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
     r.close()
-    return lat, server, errors, runs, done
+    return lat, server, errors, runs, done, decided
 
 
 def _clients(load: _Load, ids: list[int], graphs: list[RunGraph], start: Any,
              results: Any = None) -> list[_ClientResult]:
     """Clients ``ids`` as threads of this process; their results, also put on ``results``."""
-    out: list[_ClientResult] = [([], [], 0, 0, [])] * len(ids)
+    out: list[_ClientResult] = [([], [], 0, 0, [], 0)] * len(ids)
 
     def run(j: int) -> None:
         out[j] = _client(load, ids[j], graphs[j], start)
@@ -389,7 +398,9 @@ def run_case(url: str, keys: Keys, catalogue: Catalogue, dag_tasks: int, ready_t
         dag_tasks=dag_tasks, ready_tasks=ready_tasks, clients=clients, requests=n,
         p50_ms=pct(all_ms, 50), p99_ms=pct(all_ms, 99),
         mean_ms=round(float(all_ms.mean()), 3) if n else float("nan"),
-        decisions_per_s=round(n * ready_tasks / wall, 1), errors=sum(r[2] for r in results),
+        # the decisions the good replies carried (found by review: requests x ready_tasks counted
+        # the tasks a policy held and, past a DAG's size, tasks never sent)
+        decisions_per_s=round(sum(r[5] for r in results) / wall, 1), errors=sum(r[2] for r in results),
         runs=sum(r[3] for r in results),
         device=device, server_p50_ms=pct(server_ms, 50), server_p99_ms=pct(server_ms, 99),
         max_ms=round(float(all_ms.max()), 3) if n else float("nan"),
@@ -407,7 +418,7 @@ def _timeline(done: Sequence[float], t0: float, duration_s: float,
     # a reply to a request sent before the end may come after it: it counts in the last interval
     at = np.clip(np.asarray(done, dtype=float) - t0, 0.0, duration_s)
     counts = np.histogram(at, bins=[0.0, *ends])[0]
-    return [[round(end, 1), round(int(k) / (end - start), 1)]
+    return [[round(end, 3), round(int(k) / (end - start), 1)]
             for start, end, k in zip([0.0, *ends[:-1]], ends, counts, strict=True)]
 
 
@@ -575,7 +586,8 @@ def _catalogue(text: str) -> Catalogue:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis", default=None,
                         help="URL of a Redis with running server(s); default: start private ones")
-    parser.add_argument("--prefix", default=f"drlbench{os.getpid()}", help="key prefix")
+    parser.add_argument("--prefix", default=None,
+                        help="key prefix (default: the servers' with --redis, a fresh one for a private stack)")
     parser.add_argument("--catalogue", type=_catalogue, default=str(DEFAULT_CATALOGUE), help="pool catalogue YAML")
     parser.add_argument("--placer", default="eft", help="placer of the private server (eft, auto, gnn)")
     parser.add_argument("--registry", default=None, help="model registry of the private server")
@@ -605,16 +617,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server-log", default=None, help="append the private server's log here")
 
 
+def _no_nan(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _no_nan(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_no_nan(v) for v in value]
+    return value
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def run(args: argparse.Namespace) -> int:
+    # SIGTERM unwinds as Ctrl-C does, so the private stack is stopped (found by review: a kill left
+    # the policy server and redis-server running, orphaned)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         return _run(args)
     except ServerDidNotStart as exc:
         print(f"drl-policy bench: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as exc:  # the private stack is stopped by then
+        print(f"drl-policy bench: interrupted ({exc or 'Ctrl-C'}); nothing written", file=sys.stderr)
+        return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _run(args: argparse.Namespace) -> int:
-    keys = Keys(args.prefix)
+    # with --redis, the running servers' prefix (found by review: a fresh drlbench<pid> there
+    # waited 30 s for heartbeats no server writes)
+    keys = Keys(args.prefix or (DEFAULT_PREFIX if args.redis else f"drlbench{os.getpid()}"))
     catalogue: Catalogue = args.catalogue  # loaded and validated by the parser
     doc: dict[str, Any] = {"command": " ".join(sys.argv), "host": socket.gethostname(),
                            "cpus": os.cpu_count(), "replicas": None if args.redis else args.replicas,
@@ -658,6 +696,7 @@ def _run(args: argparse.Namespace) -> int:
                               f" {res.decisions_per_s:>12.0f} {res.errors:>4}  {device}",
                               flush=True)
         r.close()
-    Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+    # null for a figure no good reply gave (found by review: bare NaN is not JSON, jq refused the file)
+    Path(args.out).write_text(json.dumps(_no_nan(doc), indent=2, allow_nan=False) + "\n")
     print(f"wrote {args.out}")
     return 0
