@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -33,7 +32,7 @@ from policy.schema import (
     dumps,
     loads_json,
 )
-from policy.transport import PAYLOAD_FIELD, STREAM_MAXLEN, Keys, heartbeat_age, tls_options
+from policy.transport import PAYLOAD_FIELD, STREAM_MAXLEN, Keys, freshest_heartbeat, tls_options
 
 log = logging.getLogger(__name__)
 
@@ -136,14 +135,9 @@ class PlacementClient:
             raise PlacementUnavailable(self._live_reason)
 
     def _liveness(self) -> str | None:
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.hgetall(self.keys.heartbeat)
-        pipe.time()  # heartbeats are on Redis's clock, and so is their age
-        beats, (sec, usec) = pipe.execute()
-        if not beats:
+        age = freshest_heartbeat(self._redis, self.keys)  # on Redis's clock, as the heartbeats
+        if age is None:
             return "no policy server has registered a heartbeat"
-        wall = sec + usec / 1e6
-        age = min((heartbeat_age(v, wall) for v in beats.values()), default=math.inf)
         if age > self.stale_after_s:
             return f"no live policy server (freshest heartbeat {age:.0f}s old)"
         return None

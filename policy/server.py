@@ -353,15 +353,16 @@ class PolicyServer:
                 pass
             self._redis = None
 
-    def _connect(self) -> None:
-        kwargs: dict[str, Any] = {
-            "socket_connect_timeout": 2.0,
-            "socket_timeout": self.config.block_ms / 1000 + 5.0,
-        }
+    def _new_client(self, connect_timeout_s: float, timeout_s: float) -> redis.Redis:
+        """A client of the configured Redis (TLS options, keepalive but on a unix socket)."""
+        kwargs: dict[str, Any] = {"socket_connect_timeout": connect_timeout_s, "socket_timeout": timeout_s}
         if not self.config.redis_url.startswith("unix://"):  # found by review: a unix socket
             kwargs["socket_keepalive"] = True  # connection refuses it: every unix:// server crashed
         kwargs.update(tls_options(self.config.redis_url, self.config.redis_ca_cert))
-        r = redis.Redis.from_url(self.config.redis_url, **kwargs)
+        return redis.Redis.from_url(self.config.redis_url, **kwargs)
+
+    def _connect(self) -> None:
+        r = self._new_client(2.0, self.config.block_ms / 1000 + 5.0)
         r.ping()
         try:
             r.xgroup_create(self.keys.requests, self.keys.group, id="0", mkstream=True)
@@ -396,8 +397,7 @@ class PolicyServer:
         r = self._redis
         if r is None:  # stopped while reconnecting: one short try, so executors stop waiting on it
             try:
-                r = redis.Redis.from_url(self.config.redis_url, socket_connect_timeout=1.0, socket_timeout=1.0,
-                                         **tls_options(self.config.redis_url, self.config.redis_ca_cert))
+                r = self._new_client(1.0, 1.0)
             except (redis.RedisError, ValueError) as exc:
                 log.debug("cleanup on exit skipped: %s", exc)
                 return
@@ -477,15 +477,16 @@ class PolicyServer:
         me = self.config.consumer
         pend: Any = r.xpending_range(self.keys.requests, self.keys.group, min="-", max="+",
                                      count=4 * self.config.batch_max, idle=self.config.claim_idle_ms)
-        again = sorted({_text(p["consumer"]) for p in pend if p["times_delivered"] >= 2 and _text(p["consumer"]) != me})
+        owners = [(_text(p["consumer"]), p) for p in pend]
+        again = sorted({c for c, p in owners if p["times_delivered"] >= 2 and c != me})
         live: set[str] = set()
         if again:
             now = self.redis_now()
             beats: Any = r.hmget(self.keys.heartbeat, again)
             live = {c for c, b in zip(again, beats, strict=True)
                     if b is not None and heartbeat_age(b, now) <= 3 * self.config.heartbeat_s}
-        ids = [p["message_id"] for p in pend
-               if not (p["times_delivered"] >= 2 and _text(p["consumer"]) in live)][:self.config.batch_max]
+        ids = [p["message_id"] for c, p in owners
+               if not (p["times_delivered"] >= 2 and c in live)][:self.config.batch_max]
         if not ids:
             return []
         res: Any = r.xclaim(self.keys.requests, self.keys.group, me, min_idle_time=self.config.claim_idle_ms,

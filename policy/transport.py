@@ -150,6 +150,19 @@ def tls_options(redis_url: str, ca_cert: str | None) -> dict[str, Any]:
 HEARTBEAT_FUTURE_S = 60.0
 
 
+def freshest_heartbeat(r: Any, keys: Keys) -> float | None:
+    """Seconds since the freshest replica heartbeat under ``keys``, on Redis's clock (``HGETALL``
+    and ``TIME`` in one round trip on client ``r``); None when no replica has written one."""
+    pipe = r.pipeline(transaction=False)
+    pipe.hgetall(keys.heartbeat)
+    pipe.time()
+    beats, (sec, usec) = pipe.execute()
+    if not beats:
+        return None
+    now = sec + usec / 1e6
+    return min(heartbeat_age(v, now) for v in beats.values())
+
+
 def heartbeat_age(value: bytes | str, now: float) -> float:
     """Seconds since the heartbeat ``value`` was written, ``now`` on Redis's clock; ``inf`` for one
     that does not read or is dated past ``now`` + :data:`HEARTBEAT_FUTURE_S`."""

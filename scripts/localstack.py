@@ -210,7 +210,6 @@ class Stack:
                 pass
             end = time.monotonic() + timeout
             while time.monotonic() < end and _group_alive(pgid):
-                _alive(pgid)  # reaps our own child, if it is one
                 time.sleep(0.2)
             if _group_alive(pgid):
                 try:
@@ -522,7 +521,7 @@ def _redis_quote(text: str) -> str:
 
 def _group_alive(pgid: int) -> bool:
     """Whether any process of group ``pgid`` is left (a zombie leader of ours aside: reaped)."""
-    _alive(pgid)
+    _alive(pgid)  # reaps the leader if it is our own child
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
