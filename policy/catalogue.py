@@ -31,6 +31,7 @@ from typing import Any, Mapping
 import yaml
 
 from policy.errors import CatalogueError
+from policy.files import read_bounded
 from policy.schema import MAX_POOLS, PoolState, _finite
 
 #: the folder of the catalogues this package ships (``gpu-affinity.yaml``, ``demo.yaml``, ...)
@@ -274,7 +275,7 @@ def load_catalogue(path: str | Path) -> Catalogue:
     """Read and validate a catalogue YAML file."""
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_bounded(path).decode("utf-8")
     except OSError as exc:
         raise CatalogueError(f"{path}: cannot read the pool catalogue: {exc}") from exc
     except UnicodeDecodeError as exc:

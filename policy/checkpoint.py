@@ -43,6 +43,7 @@ from policy.features import (
     READY_FEATURES,
     TASK_FEATURES,
 )
+from policy.files import MAX_DOC_BYTES, read_bounded
 from policy.inputs import cut_inputs, untrained_inputs_of
 from policy.model import ModelConfig, PlacementGNN
 
@@ -201,7 +202,7 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     mpath = path / MANIFEST_FILE
     try:
-        manifest = json.loads(mpath.read_text())
+        manifest = json.loads(read_bounded(mpath, MAX_DOC_BYTES).decode())
     except FileNotFoundError as exc:
         raise CheckpointError(f"{mpath}: missing (is {path} a checkpoint directory?)") from exc
     except (OSError, ValueError) as exc:
@@ -244,11 +245,8 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
     manifest = read_manifest(path)
     config = ModelConfig.from_json(manifest["model"])
     wpath = path / WEIGHTS_FILE
-    try:
-        size = wpath.stat().st_size
-        if size > MAX_WEIGHTS_BYTES:
-            raise CheckpointError(f"{wpath}: {size} bytes exceeds the limit of {MAX_WEIGHTS_BYTES}")
-        blob = wpath.read_bytes()
+    try:  # a regular file, read no further than the limit (a FIFO or /dev/zero: an error, not a hang)
+        blob = read_bounded(wpath, MAX_WEIGHTS_BYTES)
     except OSError as exc:
         raise CheckpointError(f"{wpath}: cannot read the weights: {exc}") from exc
     sha = hashlib.sha256(blob).hexdigest()
@@ -261,10 +259,15 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
         tensors = st_load(blob)
     except (SafetensorError, ValueError) as exc:
         raise CheckpointError(f"{wpath}: not a valid safetensors file: {exc}") from exc
-    members = _member_models(manifest, path / MANIFEST_FILE)
-    models = [m for _, m in members] or [PlacementGNN(config, manifest["feature_schema"]["version"])]
-    prefixes = [f"m{i}." for i in range(len(members))] or [""]
-    expected = {p + k: list(v.shape) for p, m in zip(prefixes, models, strict=True) for k, v in m.state_dict().items()}
+    # the shapes the config implies, from models on the meta device (no memory): a manifest's
+    # config is checked against the weights before anything is allocated (found by review: a
+    # tampered "hidden": 100000 allocated ~40 GB before any check could refuse it)
+    with torch.device("meta"):
+        shapes = _member_models(manifest, path / MANIFEST_FILE) or [
+            ("", PlacementGNN(config, manifest["feature_schema"]["version"]))]
+    prefixes = [f"m{i}." for i in range(len(shapes))] if len(shapes) > 1 else [""]
+    expected = {p + k: list(v.shape) for p, (_, m) in zip(prefixes, shapes, strict=True)
+                for k, v in m.state_dict().items()}
     got = {k: list(v.shape) for k, v in tensors.items()}
     if got != expected or manifest["parameters"] != expected:
         missing = sorted(set(expected) - set(got))
@@ -274,6 +277,8 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
             f"{wpath}: parameters do not match the model {config}: missing {missing}, unexpected"
             f" {extra}, wrong shape {wrong}"
         )
+    members = _member_models(manifest, path / MANIFEST_FILE)
+    models = [m for _, m in members] or [PlacementGNN(config, manifest["feature_schema"]["version"])]
     records = ([m.get("training") for m in manifest["members"]] if members else [manifest.get("training")])
     for record in records:  # found by review: "training": "see notes" raised AttributeError
         if record is not None and not isinstance(record, dict):

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from policy.errors import CheckpointError
+from policy.files import read_bounded
 from policy.placement import Placer
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,8 @@ LAST_GOOD = "last_good.json"
 ACTIVATION_LOCK = ".activate.lock"
 #: Every activation, one JSON line each (read by :func:`history`, ``drl-policy registry``).
 HISTORY = "history.jsonl"
+#: a history longer than this is not read (one activation is a line of ~300 bytes)
+MAX_HISTORY_BYTES = 64 * 1024 * 1024
 #: What an I/O failure was reading, for reporting each distinct one once (see ModelRegistry._io_failure).
 _MANIFEST_READ, _CHECKPOINT_READ = "manifest", "checkpoint"
 
@@ -190,7 +193,7 @@ def history(root: str | Path) -> list[dict[str, str]]:
     activation, e.g. one cut short by a full disk, are skipped; a history that cannot be read is
     empty, with a warning: the manifest, not the history, is what the servers serve)."""
     try:
-        text = (Path(root) / HISTORY).read_bytes().decode(errors="replace")
+        text = read_bounded(Path(root) / HISTORY, MAX_HISTORY_BYTES).decode(errors="replace")
     except FileNotFoundError:
         return []
     except OSError as exc:
@@ -329,7 +332,7 @@ def _read_doc(file: Path) -> Any:
     one that cannot be read or is not JSON (not UTF-8 included: was, out of poll(), the server
     down) is a :class:`CheckpointError`."""
     try:
-        blob = file.read_bytes()
+        blob = read_bounded(file)
     except FileNotFoundError:
         return _MISSING
     except OSError as exc:
@@ -409,7 +412,7 @@ def _needs_seed(root: Path, objective: str | None, *, quiet: bool = False) -> bo
     folder (the seeding before copies). A manifest of another objective than the one the server
     was given (``objective``; None: none given) is kept, with a warning (``quiet``: no info log)."""
     try:
-        doc = json.loads((root / MANIFEST).read_text())
+        doc = json.loads(read_bounded(root / MANIFEST).decode())
     except FileNotFoundError:
         return True
     except ValueError:

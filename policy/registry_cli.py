@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from policy.errors import CheckpointError
+from policy.files import read_bounded
 from policy.registry import (
     DEFAULT_CHECKPOINT,
     DEFAULT_OBJECTIVE,
@@ -96,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _read(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_bounded(path).decode())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:

@@ -255,3 +255,58 @@ def test_a_row_bias_round_trips_and_older_configs_stay_as_written(tmp_path: Path
     for bad in ({"hidden": 8, "layers": 1, "row_bias": "yes"}, {"hidden": 8, "layers": 1, "depth": 2}):
         with pytest.raises(CheckpointError, match="model config"):
             ModelConfig.from_json(bad)
+
+
+# A child process loads the checkpoint under a memory cap (the address space it had after
+# importing torch plus 2 GiB) and a wall-clock guard: the code before the fix hung on a FIFO, read
+# /dev/zero until memory ran out, and built the manifest's model before checking its shapes.
+_LOAD_CAPPED = """
+import resource, sys
+from policy.checkpoint import load_checkpoint
+from policy.errors import CheckpointError
+with open("/proc/self/status") as fh:
+    vm = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (vm + (2 << 30), vm + (2 << 30)))
+try:
+    load_checkpoint(sys.argv[1])
+except CheckpointError as exc:
+    print("REFUSED", exc)
+"""
+
+
+def _load_in_child(path: Path) -> str:
+    import subprocess
+    import sys
+
+    try:
+        out = subprocess.run([sys.executable, "-c", _LOAD_CAPPED, str(path)], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"loading {path} did not return (blocked reading it)")
+    return out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("name", [WEIGHTS_FILE, MANIFEST_FILE])
+def test_a_fifo_in_place_of_a_file_is_refused_not_waited_on(ckpt: Path, name: str) -> None:
+    import os
+
+    (ckpt / name).unlink()
+    os.mkfifo(ckpt / name)
+    out = _load_in_child(ckpt)
+    assert "REFUSED" in out and "not a regular file" in out, out
+
+
+def test_weights_linked_to_dev_zero_are_refused_not_read_forever(ckpt: Path) -> None:
+    (ckpt / WEIGHTS_FILE).unlink()
+    (ckpt / WEIGHTS_FILE).symlink_to("/dev/zero")
+    out = _load_in_child(ckpt)
+    assert "REFUSED" in out and "not a regular file" in out, out
+
+
+def test_a_huge_model_config_is_refused_before_it_is_allocated(ckpt: Path) -> None:
+    # hidden=100000 asks ~40 GB per hidden x hidden layer; the weights (and their hash) are intact
+    manifest = json.loads((ckpt / MANIFEST_FILE).read_text())
+    manifest["model"]["hidden"] = 100_000
+    (ckpt / MANIFEST_FILE).write_text(json.dumps(manifest))
+    out = _load_in_child(ckpt)
+    assert "REFUSED" in out and "parameters do not match" in out, out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -414,8 +415,16 @@ def unreadable(monkeypatch: pytest.MonkeyPatch) -> set[Path]:
         check(self)
         return real_open(self, *args, **kwargs)
 
+    real_os_open = os.open
+
+    def os_open(path, flags, *args, **kwargs):  # type: ignore[no-untyped-def]  # policy.files.read_bounded
+        if isinstance(path, (str, os.PathLike)) and not flags & (os.O_WRONLY | os.O_RDWR):
+            check(Path(path))  # reads only, as Path.open above: activate() still writes
+        return real_os_open(path, flags, *args, **kwargs)
+
     monkeypatch.setattr(Path, "stat", stat)
     monkeypatch.setattr(Path, "open", open_)
+    monkeypatch.setattr(os, "open", os_open)
     return locked
 
 

@@ -194,3 +194,35 @@ def test_a_failed_activation_leaves_no_temporary_file_in_the_registry(tmp_path: 
         activate(tmp_path, "v1")
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".json")) == []
+
+
+@pytest.mark.parametrize("name", [MANIFEST, "history.jsonl"])
+def test_a_fifo_in_the_registry_is_an_error_not_a_hung_poll(tmp_path: Path, name: str) -> None:
+    """Found by review: ``read_bytes`` on a FIFO waits for a writer, so a FIFO named ``active.json``
+    hung the server's registry poll (and ``drl-policy registry show``) for good."""
+    import threading
+
+    fake_checkpoint(tmp_path, "v1", "1")
+    activate(tmp_path, "v1")
+    (tmp_path / name).unlink()
+    os.mkfifo(tmp_path / name)
+    outcome: list[object] = []
+
+    def poll() -> None:
+        try:
+            outcome.append(registry_module.history(tmp_path) if name != MANIFEST
+                           else ModelRegistry(tmp_path, loader=fake_loader).load_now())
+        except CheckpointError as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=poll, daemon=True)
+    worker.start()
+    worker.join(60)
+    if worker.is_alive():  # release the blocked reader before failing
+        os.close(os.open(tmp_path / name, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(10)
+        pytest.fail(f"reading a FIFO named {name} blocked")
+    if name == MANIFEST:
+        assert isinstance(outcome[0], CheckpointError) and "not a regular file" in str(outcome[0])
+    else:
+        assert outcome == [[]]  # the history reads as empty, with a warning
