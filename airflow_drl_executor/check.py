@@ -129,6 +129,14 @@ def _printable(text: str) -> str:
 
 
 def check_servers(cfg: Any, r: Any) -> Finding:
+    """The policy servers' heartbeats on ``r``: live, stale, and whether they agree."""
+    found = _servers(cfg, r)
+    # every part of the detail comes from a heartbeat someone wrote (found by review: only each
+    # server's own line was made printable; its objective in a warning gave HTTP 500)
+    return Finding(found.check, found.status, _printable(found.detail))
+
+
+def _servers(cfg: Any, r: Any) -> Finding:
     from policy.registry import UNKNOWN_OBJECTIVE
     from policy.transport import Keys, heartbeat_age
 
@@ -147,13 +155,13 @@ def check_servers(cfg: Any, r: Any) -> Finding:
         name = consumer.decode(errors="replace") if isinstance(consumer, bytes) else str(consumer)
         try:
             doc = json.loads(raw)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):  # "[[[[...": as heartbeat_ts reads it
             doc = {}
         doc = doc if isinstance(doc, dict) else {}
         age = heartbeat_age(raw, now)
         objective = doc.get("objective")  # None: a heuristic-only server, or one older than objectives
         aim = f" for {objective}" if objective else ""
-        text = _printable(f"{name} {doc.get('version', '?')}{aim} on {doc.get('device', '?')} ({age:.1f} s ago)")
+        text = f"{name} {doc.get('version', '?')}{aim} on {doc.get('device', '?')} ({age:.1f} s ago)"
         (live if age <= cfg.server_stale_after_s else stale).append(text)
         if objective and age <= cfg.server_stale_after_s:
             objectives.add(str(objective))

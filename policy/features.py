@@ -643,15 +643,18 @@ def featurize(
         g = rf.view
         n = max(len(g.graph.tasks), 1)
         prog = progress.get(rf.run_key, RunProgress(rf.run_key))
-        done = [g.index[t] for t in prog.finished if t in g.index]
+        # each task once, in the order sent (found by review: a repeated id counted twice, a
+        # done fraction of 5/3 and work left below 0)
+        done = list(dict.fromkeys(g.index[t] for t in prog.finished if t in g.index))
+        running = list(dict.fromkeys(t for t in prog.running if t in g.index))
         work = max(rf.total_work_s, 1e-9)
         done_work = sum(g.graph.tasks[k].duration_s for k in done)
         cp = max(rf.critical_path_s, 1e-9)
         left[u] = max(work - done_work, 0.0)
-        remaining_cp[u] = max((g.rank[g.index[t]] for t in prog.running if t in g.index), default=0.0)
+        remaining_cp[u] = max((g.rank[g.index[t]] for t in running), default=0.0)
         run_dyn[u] = (
             len(done) / n,
-            sum(1 for t in prog.running if t in g.index) / n,
+            len(running) / n,
             1.0 - done_work / work,
             math.log1p(prog.age_s) / _LOG,
             min(prog.age_s / cp, 10.0),

@@ -18,7 +18,7 @@ import json
 import math
 from dataclasses import dataclass, field, fields
 from json.encoder import encode_basestring_ascii as _json_string
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Iterable, Mapping, Sequence, Union
 
 from policy.errors import SchemaError
 
@@ -279,6 +279,8 @@ class RunGraph:
         ids = [t.task_id for t in tasks]
         if len(set(ids)) != len(ids):
             raise SchemaError(f"{where}.tasks: duplicate task_id")
+        # found by review: a repeated edge doubled its child's parent count and its message
+        _unique(edges, f"{where}.edges", "edge")
         graph = cls(run_key=run_key, tasks=tasks, edges=tuple(edges))
         sent = obj.get("digest")
         if sent and sent != graph.digest:
@@ -555,7 +557,7 @@ class PlacementRequest:
                 runs.append(RunRef.from_json(r, f"{where}.runs[{i}]"))
             else:
                 runs.append(RunGraph.from_json(r, f"{where}.runs[{i}]"))
-        return cls(
+        request = cls(
             request_id=_str(obj, "request_id", where),
             created_at=_num(obj, "created_at", where, default=0.0),
             deadline_ms=_num(obj, "deadline_ms", where, default=250.0),
@@ -575,6 +577,21 @@ class PlacementRequest:
                 for i, p in enumerate(_list(obj, "pools", where, limit=MAX_POOLS))
             ),
         )
+        # found by review: a ready task listed twice was placed twice, a repeated pool's load
+        # counted apart from its twin's, a run sent twice with two graphs kept the last
+        _unique((t.key for t in request.ready), f"{where}.ready", "task")
+        _unique((p.name for p in request.pools), f"{where}.pools", "pool")
+        _unique((r.run_key for r in request.runs), f"{where}.runs", "run")
+        return request
+
+
+def _unique(keys: Iterable[Any], where: str, what: str) -> None:
+    """Raise :class:`SchemaError` naming the first key ``keys`` repeats."""
+    seen: set[Any] = set()
+    for key in keys:
+        if key in seen:
+            raise SchemaError(f"{where}: {what} {key!r} is listed twice")
+        seen.add(key)
 
 
 @dataclass(frozen=True)
@@ -607,12 +624,19 @@ class Decision:
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any], where: str = "decision") -> Decision:
+        # found by review: a decision that was not an object raised AttributeError, and a score of
+        # 400 digits OverflowError, out of the client (which maps SchemaError to the fallback)
+        if not isinstance(obj, Mapping):
+            raise SchemaError(f"{where}: expected an object, got {obj!r}")
         score = obj.get("score", 0.0)
-        if isinstance(score, bool) or not isinstance(score, (int, float)):
-            raise SchemaError(f"{where}.score: expected a number, got {score!r}")
+        if not _finite(score):
+            raise SchemaError(f"{where}.score: expected a finite number, got {score!r}")
         reason = obj.get("reason", "")
         if not isinstance(reason, str):
             raise SchemaError(f"{where}.reason: expected a string, got {reason!r}")
+        fallback = obj.get("fallback", False)
+        if not isinstance(fallback, bool):  # bool("false") is True
+            raise SchemaError(f"{where}.fallback: expected true or false, got {fallback!r}")
         return cls(
             run_key=_str(obj, "run_key", where),
             task_id=_str(obj, "task_id", where),
@@ -620,7 +644,7 @@ class Decision:
             vm_class=_str(obj, "vm_class", where),
             score=float(score),
             reason=reason,
-            fallback=bool(obj.get("fallback", False)),
+            fallback=fallback,
         )
 
 

@@ -1,0 +1,53 @@
+"""Review of the deployment check's policy-server finding (airflow_drl_executor/check.py), which
+the placements page shows too (plugin._serving): odd heartbeats in Redis must be reported, never
+crash the command or the page. A fake Redis, no Airflow needed."""
+
+from __future__ import annotations
+
+import json
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from airflow_drl_executor.check import check_servers
+
+CFG = SimpleNamespace(key_prefix="t", server_stale_after_s=30.0)
+
+
+class FakeRedis:
+    def __init__(self, beats: dict[bytes, bytes]) -> None:
+        self.beats = beats
+
+    def hgetall(self, key: str) -> dict[bytes, bytes]:
+        return self.beats
+
+    def time(self) -> tuple[int, int]:
+        t = time.time()
+        return int(t), int((t % 1) * 1e6)
+
+
+def _beat(**doc: Any) -> bytes:
+    return json.dumps({"ts": time.time(), "version": "drl:v", "device": "cpu", **doc}).encode()
+
+
+def test_a_deeply_nested_heartbeat_is_reported_not_raised() -> None:
+    """heartbeat_ts catches RecursionError for "[[[[...", check_servers' own json.loads does not:
+    the check command died, and _serving (not guarded) gave HTTP 500 for the placements page."""
+    beats = {b"good": _beat(), b"odd": b"[" * 100_000 + b"]" * 100_000}
+    found = check_servers(CFG, FakeRedis(beats))
+    assert "good" in found.detail
+
+
+@pytest.mark.parametrize("beats", [
+    {b"a": _beat(objective="mean_jct", objective_given="\ud800")},
+    {b"a": _beat(objective="mean_jct"), b"b": _beat(objective="\ud800")},
+], ids=["objective_given", "objectives"])
+def test_every_detail_is_printable_whatever_a_heartbeat_holds(beats: dict[bytes, bytes]) -> None:
+    """_printable was applied to each server's line only: a JSON-escaped lone surrogate in
+    ``objective_given`` or in an ``objective`` that differs from another replica's reached the
+    warning's detail, which neither the page (HTTP 500) nor a UTF-8 terminal can write."""
+    found = check_servers(CFG, FakeRedis(beats))
+    assert found.status == "warn", found
+    found.detail.encode("utf-8")
