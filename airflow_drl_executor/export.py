@@ -42,7 +42,7 @@ from airflow_drl_executor.graph_builder import (
     worker_starts,
 )
 from policy.catalogue import Catalogue, VMClass
-from policy.errors import PolicyError
+from policy.errors import PolicyError, SchemaError
 from policy.replay import ReplayRun
 from policy.schema import MAX_EDGES_PER_RUN, MAX_TASKS_PER_RUN, RunGraph, TaskNode
 
@@ -63,7 +63,7 @@ _QUERY = text(
     JOIN dag_run r
       ON r.dag_id = p.dag_id AND r.run_id = p.run_id
     WHERE r.end_date >= :since AND r.end_date < :until
-    ORDER BY p.id
+    ORDER BY p.try_number, p.id
     """
 ).bindparams(  # typed, so that every database (SQLite too) compares and returns datetimes
     bindparam("since", type_=DateTime(timezone=True)), bindparam("until", type_=DateTime(timezone=True)),
@@ -148,6 +148,19 @@ def export_runs(session: Session, catalogue: Catalogue, *, since: dt.datetime, u
     return [ReplayRun(graph=g, arrival_s=(at - t0).total_seconds(), source="airflow") for at, g in graphs]
 
 
+def _features(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """A placement row's task node as JSON; :class:`SchemaError` (its run is skipped) for text that
+    is not a JSON object (found by review: JSONDecodeError out of the nightly export, every night
+    until the row was pruned)."""
+    try:
+        node = json.loads(rec["features"])
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise SchemaError(f"task {rec['task_id']!r}: its placement's features are not JSON: {exc}") from None
+    if not isinstance(node, dict):
+        raise SchemaError(f"task {rec['task_id']!r}: its placement's features are not a JSON object")
+    return node
+
+
 def _graph(run_key: str, rows: Sequence[dict[str, Any]], builder: GraphBuilder, vms: Mapping[str, VMClass],
            session: Session) -> RunGraph:
     """One run's graph from its placement rows (ordered by id: a later try comes later); ``vms``:
@@ -164,7 +177,7 @@ def _graph(run_key: str, rows: Sequence[dict[str, Any]], builder: GraphBuilder, 
     for task_id, hints, queue in zip(structure.task_ids, structure.hints, structure.queues, strict=True):
         rec = placed.get(task_id)
         if rec is not None and rec["features"] != "{}":  # (an instance's node: named for the task here)
-            node = replace(TaskNode.from_json(json.loads(rec["features"])), task_id=task_id)
+            node = replace(TaskNode.from_json(_features(rec)), task_id=task_id)
         else:  # never placed (or placed outside the graph): what the graph builder would send
             node, _ = lenient_node(task_id, hints, queue, duration_s=builder.default_duration_s,
                                    pool_names=builder.pool_names, default_queue=builder.default_queue)

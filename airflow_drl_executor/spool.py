@@ -35,7 +35,7 @@ from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from airflow_drl_executor.traces import ROW_KEYS
+from airflow_drl_executor.traces import ROW_KEYS, row_problem
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -134,17 +134,19 @@ class Spool:
                 log.error("DRLExecutor: cannot read the unwritten placements of %s (left in place): %s", data, exc)
                 os.close(fd)
                 continue
-            bad = [r for r in found if not all(k in r for k in _REQUIRED)]
+            why = [None if all(k in r for k in _REQUIRED) else "a column is missing" for r in found]
+            why = [w or row_problem(r) for w, r in zip(why, found, strict=True)]
+            bad = [r for r, w in zip(found, why, strict=True) if w]
             if bad:  # a file written by hand or by something else: kept aside, never the scheduler's end
-                log.error("DRLExecutor: %d row(s) of %s are not placements (set aside in %s)", len(bad), data,
-                          self.rejected)
+                log.error("DRLExecutor: %d row(s) of %s are not placements the DB can take (set aside in %s),"
+                          " the first: %s", len(bad), data, self.rejected, next(w for w in why if w))
                 try:
                     self.reject(bad)
                 except OSError as exc:
                     log.error("DRLExecutor: cannot set them aside: %s", exc)
                     os.close(fd)
                     continue
-            rows.extend(r for r in found if all(k in r for k in _REQUIRED))
+            rows.extend(r for r, w in zip(found, why, strict=True) if not w)
             unsent |= marks
             self._claimed.append((fd, lock))
         return rows, unsent

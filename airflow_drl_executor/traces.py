@@ -33,7 +33,6 @@ from sqlalchemy import (
     Text,
     Uuid,
     bindparam,
-    func,
     insert,
     inspect,
     select,
@@ -119,6 +118,9 @@ class PlacementRecord:
             value = row[name]
             if isinstance(value, str) and len(value) > length:
                 row[name] = value[:length]
+        for name, value in row.items():  # PostgreSQL's text takes no NUL (psycopg2: a bare ValueError)
+            if isinstance(value, str) and "\x00" in value:
+                row[name] = value.replace("\x00", "\ufffd")
         return row
 
 
@@ -166,6 +168,55 @@ def write(conn: Connection, records: Sequence[PlacementRecord]) -> None:
 
 #: the columns a row written by :meth:`PlacementRecord.row` holds (all but the id)
 ROW_KEYS: tuple[str, ...] = tuple(c.name for c in placements.columns if c.name != "id")
+#: the range of an ``Integer`` column on every database Airflow runs on (32 bits)
+_INT_RANGE = (-(2**31), 2**31 - 1)
+
+
+def row_problem(row: dict[str, Any]) -> str | None:
+    """Why the database could not take ``row`` as it is (a row read back from a spool file, which a
+    person or another release may have written), or None. Found by review: such a row with a
+    ``features`` object or a try number past 64 bits made the driver raise at every write (taken
+    for an outage, or out of the scheduler's start), holding every row written with it."""
+    for column in placements.columns:
+        name = column.name
+        if name == "id" or (name not in row and name in _DEFAULTS):
+            continue
+        value = row.get(name)
+        kind = column.type
+        if value is None:
+            if not column.nullable:
+                return f"{name} is missing"
+        elif isinstance(kind, Boolean):
+            if not isinstance(value, bool):
+                return f"{name} {value!r} is not true or false"
+        elif isinstance(kind, Integer):
+            if isinstance(value, bool) or not isinstance(value, int) or not _INT_RANGE[0] <= value <= _INT_RANGE[1]:
+                return f"{name} {value!r} is not a 32-bit integer"
+        elif isinstance(kind, Float):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not _finite_number(value):
+                return f"{name} {value!r} is not a finite number"
+        elif isinstance(kind, DateTime):
+            if not isinstance(value, dt.datetime) or value.tzinfo is None:
+                return f"{name} {value!r} is not a time with its zone"
+        elif isinstance(kind, Uuid):
+            try:
+                uuid.UUID(str(value))
+            except ValueError:
+                return f"{name} {value!r} is not a UUID"
+        elif not isinstance(value, str) or "\x00" in value:
+            return f"{name} {value!r} is not text"
+        elif name in _LENGTHS and len(value) > _LENGTHS[name]:
+            return f"{name} is longer than its column's {_LENGTHS[name]} characters"
+    return None
+
+
+def _finite_number(x: int | float) -> bool:
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an integer past a float's range
+        return False
+
+
 #: the scalar default of the columns that have one
 _DEFAULTS: dict[str, Any] = {c.name: getattr(c.default, "arg", None) for c in placements.columns
                              if c.default is not None and c.default.is_scalar}
@@ -264,13 +315,18 @@ def last_placements(conn: Connection, instances: Collection[tuple[str, str, str,
     c = placements.c
     out: dict[tuple[str, str, str, int], LastPlacement] = {}
     for (dag_id, run_id), tasks in sorted(by_run.items()):  # one query per run (ix_drl_placement_dag_run)
-        latest = (select(func.max(c.id)).where(c.dag_id == dag_id, c.run_id == run_id, c.task_id.in_(sorted(tasks)))
-                  .group_by(c.task_id, c.map_index))
+        # the latest try, and of its placements the last written: not the highest id alone (found by
+        # review: a try's row written late, a dead HA scheduler's spool taken over, read as latest)
+        ranked = (select(c.task_id, c.map_index, c.try_number, c.id)
+                  .where(c.dag_id == dag_id, c.run_id == run_id, c.task_id.in_(sorted(tasks))))
+        latest: dict[tuple[str, int], tuple[int, int]] = {}
+        for task_id, map_index, try_number, row_id in conn.execute(ranked):
+            name = (str(task_id), int(map_index))
+            latest[name] = max(latest.get(name, (try_number, row_id)), (try_number, row_id))
+        chosen = [row_id for name, (_, row_id) in latest.items() if (dag_id, run_id, *name) in wanted]
         for r in conn.execute(select(c.task_id, c.map_index, c.try_number, c.pool, c.features)
-                              .where(c.id.in_(latest))):
+                              .where(c.id.in_(chosen))):
             key = (dag_id, run_id, str(r.task_id), int(r.map_index))
-            if key not in wanted:
-                continue
             try:
                 node = json.loads(r.features)
             except (TypeError, ValueError):
