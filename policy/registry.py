@@ -675,15 +675,19 @@ class ModelRegistry:
             except CheckpointError as exc:
                 raise refused from exc
 
-    def named_checkpoints(self) -> list[Path]:
+    def named_checkpoints(self, *, strict: bool = False) -> list[Path]:
         """The checkpoints ``active.json`` and ``last_good.json`` name (what a server serves or may
-        fall back to), relative names resolved against the registry; a file that is missing or
-        does not read names none."""
+        fall back to), relative names resolved against the registry; a file that is missing names
+        none, and so does one that does not read unless ``strict`` (then: :class:`CheckpointError`;
+        what deletes checkpoints asks so, found by review: a half-written ``active.json`` named
+        nothing, and the nightly prune deleted the candidate it served)."""
         out = []
         for file in (self.manifest, self.root / LAST_GOOD):
             try:
                 spec = self._read_spec(file)
             except CheckpointError:
+                if strict:
+                    raise
                 continue
             if spec is not None:
                 out.append(spec[0])

@@ -113,7 +113,9 @@ class FinetuneArgs:
     #: evaluation streams: DAG runs per stream and streams
     eval_runs: int = 40
     eval_streams: int = 2
-    #: seed of the held-out split of the traces, of training and of the evaluation streams
+    #: seed of the held-out split of the traces and of training; the evaluation streams are the
+    #: same every night whatever the seed (``drl-trainer train``'s ``--eval-seed`` default), so
+    #: that nights are judged alike (found by review: this said the seed drew them too)
     seed: int = 1
 
     def __post_init__(self) -> None:
@@ -124,8 +126,17 @@ class FinetuneArgs:
                 check_objective(self.objective)
             except CheckpointError as exc:
                 raise ValueError(f"--{exc}") from None
+        for name in ("minutes", "min_improvement", "max_regression"):  # found by review: NaN passed
+            # (a budget that never ends the loop; thresholds that never promote)
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {getattr(self, name)!r}")
         if self.minutes <= 0 or self.min_runs < 2 or self.runs < 1:
             raise ValueError("--minutes must be > 0, --min-runs >= 2 and --runs >= 1")
+        # what train.Args checks of the values handed on to it, now, before the registry and the
+        # replay are read (found by review: a traceback after that work; --seed -1 numpy's)
+        Args(pools=self.pools, load=self.load, duration_noise=self.duration_noise, iters=self.iters,
+             runs_start=self.runs, runs_end=self.runs, eval_runs=self.eval_runs, eval_streams=self.eval_streams,
+             seed=self.seed, workflows="", heldout="")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

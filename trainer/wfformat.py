@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -70,6 +71,15 @@ def _ids(obj: Mapping[str, Any], key: str, where: str) -> list[str]:
     return value
 
 
+def _unicode(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (JSON's escapes can make lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def parse_wfformat(doc: Any, source: str = "<memory>") -> WfTrace:
     """Build a :class:`WfTrace` from a decoded WfFormat document."""
     if not isinstance(doc, Mapping):
@@ -81,9 +91,13 @@ def parse_wfformat(doc: Any, source: str = "<memory>") -> WfTrace:
     if not isinstance(wf, Mapping):
         raise SchemaError(f"{source}: workflow: missing or not an object")
     spec_where = f"{source}: workflow.specification.tasks"
-    if "specification" in wf:
-        spec = wf["specification"]
-        if not isinstance(spec, Mapping) or not isinstance(spec.get("tasks"), list):
+    if str(version) != "1.4":  # the layout the version says (found by review: a 1.5 file without its
+        # specification was read as 1.4 and refused for a workflow.tasks it must not have)
+        spec = wf.get("specification")
+        if not isinstance(spec, Mapping):
+            raise SchemaError(f"{source}: workflow.specification: missing or not an object"
+                              f" (schemaVersion {version} keeps its tasks there)")
+        if not isinstance(spec.get("tasks"), list):
             raise SchemaError(f"{spec_where}: missing or not a list")
         spec_tasks: list[Any] = spec["tasks"]
         execution = wf.get("execution") or {}
@@ -94,6 +108,8 @@ def parse_wfformat(doc: Any, source: str = "<memory>") -> WfTrace:
             where = f"{source}: workflow.execution.tasks[{i}]"
             if not isinstance(t, Mapping) or not isinstance(t.get("id"), str):
                 raise SchemaError(f"{where}.id: missing or not a string")
+            if t["id"] in measured:  # found by review: the last one was kept, by the file's order
+                raise SchemaError(f"{where}.id: duplicate execution record of task {t['id']!r}")
             measured[t["id"]] = t
         read_keys: tuple[str, ...] = ("readBytes",)
         written_keys: tuple[str, ...] = ("writtenBytes",)
@@ -118,13 +134,24 @@ def parse_wfformat(doc: Any, source: str = "<memory>") -> WfTrace:
         tid = t.get("id", t.get("name"))
         if not isinstance(tid, str) or not tid:
             raise SchemaError(f"{where}.id: missing or not a string")
+        for key, text in (("id", tid), ("name", t.get("name"))):
+            if isinstance(text, str) and not _unicode(text):  # found by review: a lone surrogate
+                # ("\udc00") was read, and featurisation died far from here on its encode()
+                raise SchemaError(f"{where}.{key}: {text!r} is not valid Unicode")
         ids.append(tid)
     index = {tid: i for i, tid in enumerate(ids)}
     if len(index) != len(ids):
         dup = next(t for t in ids if ids.count(t) > 1)
         raise SchemaError(f"{spec_where}: duplicate task id {dup!r}")
+    unknown = sorted(set(measured) - set(index))
+    if unknown:  # found by review: a typo's measurement was dropped without a word
+        raise SchemaError(f"{source}: workflow.execution.tasks: no specification task has the id {unknown[0]!r}"
+                          f"{f' (and {len(unknown) - 1} more)' if len(unknown) > 1 else ''}")
+    ambiguous: set[str] = set()
     if by_name:  # a reference is a name first, then an id (as WfFormat's migration tool resolves them)
         names = {t["name"]: i for i, t in reversed(list(enumerate(spec_tasks))) if isinstance(t.get("name"), str)}
+        counts = Counter(t["name"] for t in spec_tasks if isinstance(t.get("name"), str))
+        ambiguous = {n for n, c in counts.items() if c > 1}  # refused once a task names one of them
         index = {**index, **names}
     tasks: list[TaskNode] = []
     edges: set[tuple[int, int]] = set()
@@ -152,6 +179,10 @@ def parse_wfformat(doc: Any, source: str = "<memory>") -> WfTrace:
             v = _num(m, key, mwhere, None)
             if v is not None:
                 out[tid] = v
+        for ref in (*_ids(t, "parents", where), *_ids(t, "children", where)):
+            if ref in ambiguous:  # found by review: read as the first task of that name, a wrong DAG
+                raise SchemaError(f"{where}: the duplicate task name {ref!r} (shared by"
+                                  f" {sum(1 for u in spec_tasks if u.get('name') == ref)} tasks) is ambiguous")
         for parent in _ids(t, "parents", where):
             if parent not in index:
                 raise SchemaError(f"{where}.parents: unknown task {'name' if by_name else 'id'} {parent!r}")
@@ -178,7 +209,7 @@ def read_wfformat(path: str | Path) -> WfTrace:
     """Read one WfFormat JSON file."""
     path = Path(path)
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(path.read_bytes())  # UTF-8 (or -16/-32) whatever the locale
     except OSError as exc:
         raise SchemaError(f"{path}: cannot read: {exc}") from exc
     except ValueError as exc:

@@ -238,6 +238,10 @@ def make_jobs(templates: Sequence[RunGraph], catalogue: Catalogue, n_runs: int,
         tpl = templates[int(k)]
         lb = lbs.get(tpl.digest)
         if lb is None:
+            fit, why = runnable(tpl, catalogue.states())
+            if fit is None:  # found by review: a WfFormat template with a task no pool holds stopped
+                # the first simulation ("left 4 ready task(s) unplaced"), naming neither run nor task
+                raise WorkloadError(f"template {tpl.run_key!r}: {why} of the catalogue {catalogue.source}")
             lb = lbs[tpl.digest] = critical_path_lb(tpl, catalogue)
         g = with_run_key(tpl, f"{tpl.run_key}#{j}")
         jobs.append(Job(g, float(a), float(a) + spec.sla_factor * lb))

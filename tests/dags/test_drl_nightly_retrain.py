@@ -200,3 +200,27 @@ def test_finetune_names_what_it_cannot_find_on_its_worker(module: types.ModuleTy
     assert module._here(old) == old
     # the pruning runs even when the export failed
     assert module.drl_nightly_retrain().get_task("prune_traces").trigger_rule == "all_done"
+
+
+def test_prune_never_deletes_the_active_candidate_when_active_json_does_not_read(module: types.ModuleType,
+                                                                                 tmp_path: Path) -> None:
+    """``prune_candidates`` keeps what ``ModelRegistry.named_checkpoints()`` names, and that names
+    nothing for a manifest that does not parse ("a file that is missing or does not read names
+    none"). An ``active.json`` caught half-written or hand-edited wrongly on the night of the
+    prune: the active candidate (older than ``keep_days``) is deleted for good, and the operator
+    who then fixes the manifest has nothing left to serve. A manifest that exists but does not
+    read should make the prune keep everything (or at least what the history last activated)."""
+    from policy.registry import MANIFEST, activate
+
+    registry = tmp_path / "registry"
+    now = dt.datetime.now(dt.UTC)
+    for name in ("served", "old"):
+        (registry / "candidates" / name / "checkpoint").mkdir(parents=True)
+        (registry / "candidates" / name / "checkpoint" / "manifest.json").write_text("{}")
+    activate(registry, "candidates/served/checkpoint")
+    for name in ("served", "old"):
+        stamp = (now - dt.timedelta(days=40)).timestamp()
+        os.utime(registry / "candidates" / name, (stamp, stamp))
+    (registry / MANIFEST).write_text('{"checkpoint": "candidates/served/chec')  # truncated
+    module.prune_candidates(str(registry), now - dt.timedelta(days=30))
+    assert (registry / "candidates" / "served" / "checkpoint").is_dir(), "the active candidate was deleted"
