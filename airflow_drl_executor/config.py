@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol
+from urllib.parse import parse_qsl, urlsplit
 
 from policy.transport import check_ca_cert, check_url, redacted_url
 
@@ -115,6 +116,10 @@ class ConfLike(Protocol):
     def get(self, section: str, key: str, fallback: Any = ...) -> Any: ...
 
 
+#: query parameters of a Redis URL that would lift the client's deadline (see ``__post_init__``)
+_DEADLINE_PARAMS = frozenset({"socket_timeout", "socket_connect_timeout"})
+
+
 @dataclass(frozen=True)
 class ExecutorConfig:
     """Validated ``[drl_executor]`` options (see :data:`OPTIONS` for each one's meaning)."""
@@ -142,6 +147,12 @@ class ExecutorConfig:
             check_url(self.redis_url)
         except ValueError as exc:
             raise ValueError(f"[{SECTION}] redis_url: {exc}") from None
+        # redis-py lets the URL's query win over the client's own timeouts (found by review: with
+        # ?socket_timeout=30 a hung Redis held the scheduler loop 30 s a heartbeat)
+        lifted = sorted({k for k, _ in parse_qsl(urlsplit(self.redis_url).query)} & _DEADLINE_PARAMS)
+        if lifted:
+            raise ValueError(f"[{SECTION}] redis_url: leave out {', '.join(lifted)}: decision_timeout_ms sets how"
+                             " long a Redis command may hold the scheduler loop")
         try:
             check_ca_cert(self.redis_url, self.redis_ca_cert)
         except ValueError as exc:

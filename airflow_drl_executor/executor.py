@@ -521,10 +521,15 @@ class DRLExecutor(CeleryExecutor):
             theirs = {id(w) for w in elsewhere}
             if budget is not None:
                 remaining, mine = budget, 0
+                clock = time.monotonic()
                 for w in tasks:
-                    if id(w) not in theirs and self._key(w) in self._held_since:
+                    since = self._held_since.get(self._key(w))
+                    if id(w) not in theirs and since is not None and clock - since < self.drl_config.max_wait_s:
                         continue  # held for a better pool: no slot spent on it ahead of theirs (found
-                        # by review: a held task kept a task of its own queue back for max_wait_s)
+                        # by review: a held task kept a task of its own queue back for max_wait_s);
+                        # one whose hold is over is placed now and takes its turn by priority (found
+                        # by review: skipped for good, lower-priority tasks of their own queue
+                        # took every open slot until task_queued_timeout failed it)
                     if remaining > 0:
                         remaining -= 1
                         mine += id(w) not in theirs

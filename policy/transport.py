@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from redis.connection import parse_url
+
 DEFAULT_PREFIX = "drl"
 
 
@@ -68,10 +70,20 @@ def check_url(redis_url: str) -> None:
     review: a password holding ``/``, ``?`` or ``#`` unencoded made redis-py raise "Port could not
     be cast to integer value as '<password>'", a traceback with the password in every log)."""
     try:
-        _ = urlsplit(redis_url).port  # parses the authority: what redis-py does first
+        parts = urlsplit(redis_url)
+        _ = parts.port  # parses the authority: what redis-py does first
     except ValueError:
         raise ValueError(f"{redacted_url(redis_url)} does not parse: its port is not a number, or its password "
                          "holds '/', '?', '#' or '@' (percent-encode them: '/' as %2F)") from None
+    # found by review: redis-py refused a query value it cannot read ("?db=one") only when the
+    # executor started, naming no option, and used database 0 for a path that is not a number
+    db = parts.path.replace("/", "")
+    if parts.scheme in ("redis", "rediss") and db and not db.isdigit():
+        raise ValueError(f"{redacted_url(redis_url)}: its path {db!r} is not a database number")
+    try:
+        parse_url(redis_url)
+    except ValueError as exc:  # redis-py's words name the parameter, never the password
+        raise ValueError(f"{redacted_url(redis_url)}: {exc}") from None
 
 
 def check_ca_cert(redis_url: str, ca_cert: str | None) -> None:

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_drl_executor.client import PlacementClient
 from airflow_drl_executor.config import OPTIONS, ExecutorConfig, packaged_catalogue
 from airflow_drl_executor.provider import get_provider_info
 
@@ -97,3 +98,43 @@ def test_the_redis_url_is_sensitive_and_can_come_from_a_command() -> None:
     env.pop("AIRFLOW__DRL_EXECUTOR__REDIS_URL", None)
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split()[-2:] == ["True", "redis://placer:s3cret@redis.example:6379/0"]
+
+
+def test_a_redis_url_query_cannot_lift_the_decision_deadline() -> None:
+    """``decision_timeout_ms`` "bounds the scheduler loop's extra delay" (provider metadata), and
+    the client sets the Redis socket timeout to deadline + 0.1 s for that. But redis-py lets the
+    URL's query parameters override the keyword arguments of ``from_url`` (client.py
+    ``redis.Redis.from_url(redis_url, socket_timeout=...)``), so ``redis_url =
+    redis://host:6379/0?socket_timeout=30`` (a URL copied from another tool's settings) makes a hung
+    Redis hold the scheduler loop 30 s per heartbeat with a 200 ms deadline, silently.
+    Expected: such a URL is refused naming ``redis_url``, or the deadline wins over the URL."""
+    url = "redis://127.0.0.1:6379/0?socket_timeout=30&socket_connect_timeout=30"
+    try:
+        ExecutorConfig(redis_url=url)
+    except ValueError as exc:
+        assert "redis_url" in str(exc)
+        return
+    client = PlacementClient(url, timeout_ms=200)
+    try:
+        kwargs = client._redis.connection_pool.connection_kwargs
+        assert kwargs["socket_timeout"] <= 0.2 + 0.1 + 1e-9, f"a hung Redis holds the loop {kwargs['socket_timeout']} s"
+        assert kwargs["socket_connect_timeout"] <= 1.0, f"connecting may take {kwargs['socket_connect_timeout']} s"
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("url", [
+    "redis://127.0.0.1:6379/0?db=one",  # redis-py: ValueError at the executor's start()
+    "redis://127.0.0.1:6379/0?socket_timeout=soon",  # same
+    "redis://127.0.0.1:6379/one",  # redis-py silently ignores the path: db 0
+])
+def test_a_redis_url_redis_py_refuses_or_misreads_is_refused_naming_the_option(url: str) -> None:
+    """``check_url`` (policy/transport.py, called by config.py ``__post_init__``) promises to
+    "refuse a Redis URL that redis-py cannot parse", but only checks the port: a query value
+    redis-py refuses passes the option's validation (and ``airflow drl-executor check``'s config
+    part), then ``DRLExecutor.start()`` stops the scheduler with redis-py's "Invalid value for 'db'
+    in connection URL." that names no option; a database number that is not a number is dropped by
+    redis-py without a word, and every placement goes to database 0. Expected: ValueError naming
+    ``[drl_executor] redis_url`` when the option is read."""
+    with pytest.raises(ValueError, match=r"\[drl_executor\] redis_url"):
+        ExecutorConfig(redis_url=url)

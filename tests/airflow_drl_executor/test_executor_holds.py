@@ -243,3 +243,34 @@ def test_a_held_task_the_user_marked_success_is_not_sent(monkeypatch: pytest.Mon
     _heartbeat(ex)
     assert sent == [], "a task already marked success is not sent to a worker"
     assert load.ti.key not in ex.queued_tasks and len(ex.ledger) == 0
+
+
+def test_a_task_whose_hold_expired_is_not_starved_by_lower_priority_tasks_routed_elsewhere(
+        harness: types.SimpleNamespace) -> None:
+    """One slot open. The policy holds ``train`` (priority 10) for a better pool; its hold then
+    runs out (``max_wait_s``), so it must be placed now. Meanwhile an author-routed task of a
+    queue of its own (``reporting``, priority 1) arrives at every heartbeat.
+
+    In ``_place`` (executor.py, the ``elsewhere`` budget loop) every task found in
+    ``_held_since`` is skipped when the open slots are shared out, whether or not its hold has
+    expired, so the lower-priority ``reporting`` tasks take the only slot at every heartbeat and
+    ``train`` is "held for want of a slot" again and again: it sits in queued past
+    ``task_queued_timeout``, where the scheduler requeues it and finally fails it. Plain Celery
+    sends by priority. Expected: a task whose hold is over competes for the slots by priority."""
+    ex, sent = harness.ex, harness.sent
+    ex._client = FakeClient(_reply({}))  # type: ignore[assignment]  # the policy holds every task it sees
+    ex.running.update({("busy", 1), ("busy", 2), ("busy", 3)})  # one slot open
+    train = _task("train", priority=10)
+    _queue(ex, train)
+    _heartbeat(ex)
+    assert sent == [] and train.ti.key in ex._held_since, "train is held for a better pool"
+    harness.clock[0] += ex.drl_config.max_wait_s + 1  # its hold is over: placed by the fallback now
+    for i in range(5):  # a steady stream of low-priority tasks routed to their own queue
+        report = _task(f"report{i}", priority=1, queue="reporting")
+        _queue(ex, report)
+        _heartbeat(ex)
+        ex.running.discard(report.ti.key)  # the report finishes before the next heartbeat
+        harness.clock[0] += 1
+    assert ("train", 1) in [(task, try_) for task, try_, _ in sent], \
+        f"train (priority 10, hold over) was never sent; sent: {sent}"
+    assert sent[0][0] == "train", "the highest-priority task whose hold is over takes the first open slot"
