@@ -91,10 +91,13 @@ _ARRIVALS = text(
 
 
 def export_runs(session: Session, catalogue: Catalogue, *, since: dt.datetime, until: dt.datetime,
-                exclude_dags: Sequence[str] = ()) -> list[ReplayRun]:
+                exclude_dags: Sequence[str] = (), default_queue: str = "default",
+                default_duration_s: float = 60.0) -> list[ReplayRun]:
     """Replay runs of the DAG runs that ended in ``[since, until)`` (a run still going is exported
     by the window it ends in), ordered by arrival (their first placement, of any try, since they were
-    last queued)."""
+    last queued). A task never placed is the node the executor would have sent: pass its
+    ``[operators] default_queue`` and ``[drl_executor] default_duration_s`` (found by review: 60 s
+    and "default" were written here whatever the executor used)."""
     excluded = set(exclude_dags) | _tagged_dags(session, EXCLUDE_TAG)
     by_run: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for row in session.execute(_QUERY, {"since": since, "until": until}):
@@ -125,8 +128,8 @@ def export_runs(session: Session, catalogue: Catalogue, *, since: dt.datetime, u
                               "catalogue's pools were renamed since")
         log.warning("export: %s (%s): their durations are not observed", where,
                     ", ".join(f"{p} {n}" for p, n in foreign.most_common(10)))
-    builder = GraphBuilder(pool_names=catalogue.names, default_queue="default", default_duration_s=60.0,
-                           history_ttl_s=0, vm_classes=vms)
+    builder = GraphBuilder(pool_names=catalogue.names, default_queue=default_queue,
+                           default_duration_s=default_duration_s, history_ttl_s=0, vm_classes=vms)
     arrived = {(r.dag_id, r.run_id): r.arrived for r in session.execute(_ARRIVALS, {"since": since, "until": until})}
     graphs: list[tuple[dt.datetime, RunGraph]] = []
     for (dag_id, run_id), rows in by_run.items():

@@ -178,12 +178,18 @@ def drl_nightly_retrain() -> None:
         ctx = get_current_context()
         until = ctx.get("data_interval_end") or dt.datetime.now(dt.UTC)  # manual runs have none
         since = until - dt.timedelta(hours=float(ctx["params"]["hours"]))
+        from airflow.configuration import conf
+
+        from airflow_drl_executor.config import SECTION
+
         pools = catalogue_path()
         catalogue = load_catalogue(pools)
         engine = traces_engine()
         try:
-            with Session(engine) as session:
-                runs = export_runs(session, catalogue, since=since, until=until)
+            with Session(engine) as session:  # a never-placed task as the executor would send it
+                runs = export_runs(session, catalogue, since=since, until=until,
+                                   default_queue=str(conf.get("operators", "default_queue", fallback="default")),
+                                   default_duration_s=conf.getfloat(SECTION, "default_duration_s", fallback=60.0))
         finally:
             engine.dispose()
         folder = traces_dir()

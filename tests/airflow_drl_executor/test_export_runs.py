@@ -205,3 +205,13 @@ def test_a_run_too_large_for_a_replay_is_skipped_not_the_night(session: Session,
     monkeypatch.setattr(export, "MAX_EDGES_PER_RUN", 5)
     runs = export_runs(session, CATALOGUE, since=T0 - dt.timedelta(hours=1), until=T0 + dt.timedelta(hours=1))
     assert [r.graph.run_key for r in runs] == ["etl/r2"]
+
+
+def test_a_never_placed_task_is_exported_with_the_executors_defaults(session: Session) -> None:
+    """Found by review: the export wrote 60 s and queue "default" for a task never placed, whatever
+    ``[drl_executor] default_duration_s`` and ``[operators] default_queue`` the executor sent."""
+    _ran(session, "extract", "cpu-small", 10.0)
+    (run,) = export_runs(session, CATALOGUE, since=T0 - dt.timedelta(hours=1), until=T0 + dt.timedelta(hours=1),
+                         default_queue="cpu-large", default_duration_s=42.0)
+    nodes = {t.task_id: t for t in run.graph.tasks}
+    assert nodes["train"].duration_s == 42.0
