@@ -67,6 +67,13 @@ OPTIONS: dict[str, tuple[str, str | None, str]] = {
         "runs, every batch is placed by the fallback heuristic, so a long cap keeps falling back "
         "long after Redis is back).",
     ),
+    "max_request_bytes": (
+        "integer",
+        "8388608",
+        "Largest placement request the executor sends, in bytes: the policy servers' "
+        "--max-request-bytes (default 8 MiB), which refuses a larger one. Runs whose graphs do not "
+        "fit are placed by the fallback heuristic instead of waiting for that refusal.",
+    ),
     "max_wait_s": (
         "float",
         "60",
@@ -131,6 +138,7 @@ class ExecutorConfig:
     decision_timeout_ms: int = 200
     server_stale_after_s: int = 15
     reconnect_backoff_max_s: int = 5
+    max_request_bytes: int = 8 * 1024 * 1024
     max_wait_s: float = 60.0
     default_duration_s: float = 60.0
     history_ttl_s: int = 300
@@ -166,6 +174,8 @@ class ExecutorConfig:
             raise ValueError(f"[{SECTION}] decision_timeout_ms must be in 1..10000, got {self.decision_timeout_ms}")
         if self.server_stale_after_s <= 0 or self.reconnect_backoff_max_s <= 0:
             raise ValueError(f"[{SECTION}] server_stale_after_s and reconnect_backoff_max_s must be > 0")
+        if not 1024 <= self.max_request_bytes <= 512 * 1024 * 1024:  # the server's floor; Redis's value cap
+            raise ValueError(f"[{SECTION}] max_request_bytes must be in 1024..536870912, got {self.max_request_bytes}")
         if self.max_wait_s < 0:
             raise ValueError(f"[{SECTION}] max_wait_s must be >= 0, got {self.max_wait_s}")
         if self.default_duration_s <= 0:

@@ -145,6 +145,7 @@ class DRLExecutor(CeleryExecutor):
             timeout_ms=cfg.decision_timeout_ms,
             stale_after_s=cfg.server_stale_after_s,
             backoff_max_s=cfg.reconnect_backoff_max_s,
+            max_request_bytes=cfg.max_request_bytes,
         )
         if cfg.record_traces:
             self._open_spool()

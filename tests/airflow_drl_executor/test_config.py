@@ -43,6 +43,7 @@ def test_values_are_typed() -> None:
         # was: accepted; with NaN, 'waited < max_wait_s' is never true, so no task was ever held
         ("max_wait_s", "nan", "max_wait_s: expected float, got 'nan'"),
         ("default_duration_s", "inf", "default_duration_s: expected float, got 'inf'"),
+        ("max_request_bytes", "100", "max_request_bytes must be in 1024..536870912"),
     ],
 )
 def test_bad_values_name_the_option(key: str, value: str, message: str) -> None:
@@ -138,3 +139,21 @@ def test_a_redis_url_redis_py_refuses_or_misreads_is_refused_naming_the_option(u
     ``[drl_executor] redis_url`` when the option is read."""
     with pytest.raises(ValueError, match=r"\[drl_executor\] redis_url"):
         ExecutorConfig(redis_url=url)
+
+
+def test_the_request_limit_is_an_option_the_client_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: the client's limit was fixed at 8 MiB, so a server started with a lower
+    --max-request-bytes refused every larger request (a round trip, then the fallback) and one
+    started with a higher limit never got them."""
+    from airflow_drl_executor.executor import DRLExecutor
+
+    assert ExecutorConfig.from_conf(FakeConf({})).max_request_bytes == 8 * 1024 * 1024
+    monkeypatch.setenv("AIRFLOW__DRL_EXECUTOR__MAX_REQUEST_BYTES", "65536")
+    monkeypatch.setenv("AIRFLOW__DRL_EXECUTOR__RECORD_TRACES", "false")
+    monkeypatch.setenv("AIRFLOW__DRL_EXECUTOR__POOL_CHECK_INTERVAL_S", "0")
+    ex = DRLExecutor()
+    ex.start()
+    try:
+        assert ex._client is not None and ex._client.max_request_bytes == 65536
+    finally:
+        ex._client.close()
