@@ -269,7 +269,7 @@ def test_pool_names_label_the_decision_metrics_within_a_bound(start_server, rcli
     rs = start_server(catalogue=None)
     for i in range(3):
         req = request([chain(f"p{i}")], [(f"p{i}", "t0")])
-        pools = tuple(replace(p, name=("x" * 200) + str(i)) for p in req.pools)
+        pools = tuple(replace(p, name=("x" * 200) + f"{i}-{j}") for j, p in enumerate(req.pools))
         reply = ask(rclient, replace(req, pools=pools))
         assert reply is not None and reply.ok
     labels = {s.labels["pool"] for m in rs.server.metrics.decisions.collect() for s in m.samples}
