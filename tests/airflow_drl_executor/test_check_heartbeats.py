@@ -40,14 +40,15 @@ def test_a_deeply_nested_heartbeat_is_reported_not_raised() -> None:
     assert "good" in found.detail
 
 
-@pytest.mark.parametrize("beats", [
-    {b"a": _beat(objective="mean_jct", objective_given="\ud800")},
-    {b"a": _beat(objective="mean_jct"), b"b": _beat(objective="\ud800")},
+@pytest.mark.parametrize("docs", [
+    {b"a": {"objective": "mean_jct", "objective_given": "\ud800"}},
+    {b"a": {"objective": "mean_jct"}, b"b": {"objective": "\ud800"}},
 ], ids=["objective_given", "objectives"])
-def test_every_detail_is_printable_whatever_a_heartbeat_holds(beats: dict[bytes, bytes]) -> None:
+def test_every_detail_is_printable_whatever_a_heartbeat_holds(docs: dict[bytes, dict[str, str]]) -> None:
     """_printable was applied to each server's line only: a JSON-escaped lone surrogate in
     ``objective_given`` or in an ``objective`` that differs from another replica's reached the
     warning's detail, which neither the page (HTTP 500) nor a UTF-8 terminal can write."""
+    beats = {name: _beat(**doc) for name, doc in docs.items()}  # stamped now, not at collection
     found = check_servers(CFG, FakeRedis(beats))
     assert found.status == "warn", found
     found.detail.encode("utf-8")
