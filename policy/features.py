@@ -129,6 +129,11 @@ F_PAIR = len(PAIR_FEATURES)
 _LOG = 8.0
 
 
+
+#: the largest CPU / memory ask and priority the task features tell apart (Airflow's int32 range;
+#: no task asks more, and the lab's priorities are 20 + 10 x depth)
+ASK_CAP = float(2**31 - 1)
+
 def kind_bucket(kind: str) -> int:
     """The one-hot bucket of a task kind (stable: crc32, not Python's salted ``hash``)."""
     return zlib.crc32(kind.encode()) % KIND_BUCKETS
@@ -170,10 +175,12 @@ def _run_features(graph: RunGraph) -> RunFeatures:
     x[:, 4] = (np.abs(tlevel + rank - cp) <= 1e-6 * cp + 1e-9).astype(np.float32)
     x[:, 5] = np.log1p([len(p) for p in g.parents])
     x[:, 6] = np.log1p([len(c) for c in g.children])
-    x[:, 7] = np.log1p([t.cpus for t in graph.tasks])
-    x[:, 8] = np.log1p([t.memory_gb for t in graph.tasks]) / 2
+    # asks and priorities past ASK_CAP read as ASK_CAP (found by review: a priority of 1e300 made
+    # a log feature of 690, and two identical tasks' scores differ past TIE_TOLERANCE in float32)
+    x[:, 7] = np.log1p(np.minimum([t.cpus for t in graph.tasks], ASK_CAP))
+    x[:, 8] = np.log1p(np.minimum([t.memory_gb for t in graph.tasks], ASK_CAP)) / 2
     x[:, 9] = np.minimum([t.gpus for t in graph.tasks], 4.0) / 4.0
-    x[:, 10] = np.log1p([t.priority for t in graph.tasks])
+    x[:, 10] = np.log1p(np.minimum([t.priority for t in graph.tasks], ASK_CAP))
     x[:, 11] = [t.pool is not None for t in graph.tasks]
     x[:, 12] = math.log1p(n) / _LOG
     x[:, 13] = math.log1p(cp) / _LOG

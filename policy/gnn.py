@@ -382,8 +382,13 @@ class GNNPlacer:
             stop_col = logits.size
             if temp > 0:
                 flat = np.append(logits.ravel(), stop)
-                zt = flat / temp
-                p = np.exp(zt - _logsumexp(zt))
+                # a masked pair or a refused stop stays impossible at any temperature (found by
+                # review: NEG_INF / 1e9 is -1, and a GPU task was sampled onto a CPU pool)
+                zt = np.where(flat <= NEG_INF, -np.inf, flat / temp)
+                p = np.exp(zt - np.max(zt))
+                if not np.isfinite(p).all() or not p.sum() > 0:  # as greedy decoding says it
+                    raise ModelOutputError(f"the model's scores are not finite for {len(rows)} ready task(s) "
+                                           "at this sampling step")
                 choice = int(self.rng.choice(len(flat), p=p / p.sum()))
             else:
                 # stop only when greater than every pair; else the greedy pair, near-ties to the
@@ -715,15 +720,24 @@ def attribute(model: PlacementGNN | Sequence[PlacementGNN], dec: Decoded, row: i
 #: Human quantities behind the pair features (the inverse of their scaling), from a row's
 #: ``pair_x[row, pool]`` as a list.
 _RAW = {
-    "run_s": lambda x: math.expm1(x[2] * 8.0),
-    "wait_s": lambda x: math.expm1(x[3] * 8.0),
-    "affinity": lambda x: math.exp(x[1]),
-    "speed": lambda x: math.exp(x[0]),
-    "cost_c": lambda x: math.expm1(x[7] * 4.0),
+    "run_s": lambda x: _expm1(x[2] * 8.0),
+    "wait_s": lambda x: _expm1(x[3] * 8.0),
+    "affinity": lambda x: _expm1(x[1]) + 1.0,
+    "speed": lambda x: _expm1(x[0]) + 1.0,
+    "cost_c": lambda x: _expm1(x[7] * 4.0),
     "free": lambda x: x[9],
     "backlog": lambda x: x[10],
-    "finish_s": lambda x: math.expm1(x[4] * 8.0),
+    "finish_s": lambda x: _expm1(x[4] * 8.0),
 }
+
+
+def _expm1(v: float) -> float:
+    """``math.expm1``, inf past a float's range (found by review: a pool at speed 1.797e308, whose
+    float32 log rounds up, raised OverflowError out of the reason: the request fell back)."""
+    try:
+        return math.expm1(v)
+    except OverflowError:
+        return math.inf
 
 
 class _Raw:
