@@ -52,9 +52,12 @@ def unfit(task: TaskNode, pools: Sequence[PoolState]) -> str:
     was placed off its pin with the reason 'no pool fits', while other pools did)."""
     if task.pool is not None:
         unpinned = replace(task, pool=None)
+        fits_some = any(p.fits(unpinned) for p in pools)
         if not any(p.name == task.pool for p in pools):
-            return f"pinned to {task.pool}, which is not one of the pools: placed off its pin"
-        if any(p.fits(unpinned) for p in pools):
+            # found by review: a task that fits no pool either was told only about its pin
+            return (f"pinned to {task.pool}, which is not one of the pools: placed off its pin"
+                    + ("" if fits_some else f"; no pool fits {task.asks}"))
+        if fits_some:
             return f"pinned to {task.pool}, which cannot hold {task.asks}: placed off its pin"
     return f"no pool fits {task.asks}"
 
@@ -104,17 +107,22 @@ class EarliestFinishPlacer:
         candidates = feasible(task, pools)
         note = "" if any(p.fits(task) for p in pools) else f"; {unfit(task, pools)}"
         if not candidates:
-            # Nothing satisfies the hard constraints: choose the largest live pool and say so.
+            # Nothing satisfies the hard constraints: the largest live pools, scored as any (found
+            # by review: the first listed of two as large won, whatever their load) and said so
             live = [p for p in pools if p.up] or list(pools)
-            candidates = [max(live, key=lambda p: (p.cpus, p.memory_gb, p.gpus))]
+            size = max((p.cpus, p.memory_gb, p.gpus) for p in live)
+            candidates = [p for p in live if (p.cpus, p.memory_gb, p.gpus) == size]
         scored = []
         for p in candidates:
             run_s = task.duration_s / p.speed_for(task.kind)
             backlog = p.busy + p.queued + extra[p.name]
-            wait_s = 0.0 if backlog < p.slots else (backlog - p.slots + 1) / max(p.slots, 1) * run_s
-            scored.append((wait_s + run_s, wait_s, run_s, p))
-        scored.sort(key=lambda s: (s[0], s[3].price_per_hour, s[3].name))
-        finish, wait_s, run_s, best = scored[0]
+            queue = 0.0 if backlog < p.slots else (backlog - p.slots + 1) / max(p.slots, 1)
+            scored.append((queue * run_s + run_s, queue * run_s, run_s, p, queue))
+        # equal finishes: a pool with a free slot before one with a queue (found by review: a task
+        # of 0 s finished "at 0" everywhere, and a batch of them queued behind 50 tasks on the
+        # cheapest pool while another had idle slots), then the price, then the name
+        scored.sort(key=lambda s: (s[0], s[4], s[3].price_per_hour, s[3].name))
+        finish, wait_s, run_s, best, _ = scored[0]
         extra[best.name] += 1
         reason = (
             f"{best.name} ({best.vm_class}): est. finish {finish:.1f}s = wait {wait_s:.1f}s"

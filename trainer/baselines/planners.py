@@ -172,8 +172,13 @@ class Cpop(_Planner):
         on_cp = [abs(prio[i] - cp_len) <= 1e-6 * max(cp_len, 1.0) for i in range(n)]
         live = [p for p in pools if p.up] or list(pools)
         cp_tasks = [graph.tasks[i] for i in range(n) if on_cp[i]]
-        cp_pool = min(live, key=lambda p: (sum(run_time(t, p) for t in cp_tasks)
-                                          if all(p.fits(t) for t in cp_tasks) else float("inf"),
+        # the pool that runs the critical path fastest; when none holds all of it, the one that
+        # runs it fastest with the tasks it cannot hold at their best feasible pool (found by
+        # review: every pool scored inf, and the cheapest, the slowest, was taken)
+        best = [min((run_time(t, q) for q in feasible(t, pools)), default=float("inf")) for t in cp_tasks]
+        cp_pool = min(live, key=lambda p: (not all(p.fits(t) for t in cp_tasks),
+                                          sum(run_time(t, p) if p.fits(t) else b for t, b in zip(cp_tasks, best,
+                                                                                                 strict=True)),
                                           p.price_per_hour))
         plan: Plan = {}
         indeg = [len(ps) for ps in g.parents]

@@ -24,6 +24,7 @@ Placements:
 
 from __future__ import annotations
 
+import math
 import random
 from contextlib import nullcontext
 from typing import Callable, Mapping
@@ -282,8 +283,12 @@ class CostAware(ListScheduler):
             if not scored:
                 continue
             best_f = min(f for f, _ in scored)
-            ok = [(run_time(task, p) * p.price_per_hour, f, p) for f, p in scored
-                  if f - now <= (1.0 + self.slack) * (best_f - now)]
+            within = [(f, p) for f, p in scored if f - now <= (1.0 + self.slack) * (best_f - now)]
+            ok = [(run_time(task, p) * p.price_per_hour, f, p) for f, p in within]
+            if any(math.isinf(c) for c, _, _ in ok):  # found by review: huge prices overflowed to a
+                # tie at inf, and the earlier finish took a pool 17x the price; their ratio compares
+                top = max(p.price_per_hour for _, p in within)
+                ok = [(run_time(task, p) * (p.price_per_hour / top), f, p) for f, p in within]
             _, f, p = min(ok, key=lambda s: (s[0], s[1], s[2].name))
             self._send_or_reserve(out, ready, p, run_time(task, p), f, f"cheapest within {self.slack:.0%} of eft")
         return out
