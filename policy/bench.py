@@ -139,10 +139,12 @@ def start_redis(port: int | None = None, password: str | None = None) -> Private
 def start_server(url: str, prefix: str, extra: list[str] | None = None,
                  log_path: str | None = None) -> subprocess.Popen[bytes]:
     """``drl-policy serve`` as a child process (stdout/stderr to ``log_path`` or discarded)."""
-    cmd = [sys.executable, "-m", "policy.cli", "--log-level=WARNING", "serve", "--redis", url,
-           "--prefix", prefix, *(extra or [])]
+    cmd = [sys.executable, "-m", "policy.cli", "--log-level=WARNING", "serve", "--prefix", prefix, *(extra or [])]
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - child owns it
-    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    # the URL (and its password) in the child's environment, not its arguments, which any user of
+    # the host reads (found by review)
+    env = {**os.environ, "DRL_POLICY_REDIS_URL": url}
+    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
 def wait_for_server(r: redis.Redis, keys: Keys, count: int = 1, timeout_s: float = 30.0,

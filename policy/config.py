@@ -7,6 +7,7 @@ Every field can come from the command line (``--batch-max 64``) or from the envi
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.util
 import math
 import os
@@ -38,6 +39,18 @@ class ConfigError(PolicyError, ValueError):
 
 def _default_consumer() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+#: the largest value each setting may take: waits within a day (ms) or ~115 days (s), far inside
+#: what sockets, threading waits and Redis's expiries take; counts and sizes within what Redis
+#: commands, a Redis string (512 MiB) and a thread pool take
+_UPPER_BOUNDS: dict[str, float] = {
+    **dict.fromkeys(("block_ms", "claim_idle_ms", "batch_wait_ms"), 86_400_000),
+    **dict.fromkeys(("registry_poll_s", "claim_interval_s", "graph_cache_ttl_s", "heartbeat_s", "heartbeat_prune_s",
+                     "reconnect_base_s", "reconnect_max_s", "gc_freeze_s", "gc_full_s", "graph_store_ttl_s"), 1e7),
+    "batch_max": 100_000, "graph_cache_entries": 10_000_000, "graph_cache_bytes": 2**40,
+    "max_request_bytes": 512 * 1024 * 1024, "torch_threads": 1024, "skew_fallback_n": 10**9,
+}
 
 
 @dataclass(frozen=True)
@@ -195,6 +208,12 @@ class ServerConfig:
                      "heartbeat_prune_s", "reconnect_base_s", "reconnect_max_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)!r}")
+        # found by review: only lower bounds, so a value too large for the socket layer, Redis or
+        # torch (block_ms=10**13, claim_idle_ms=2**63, graph_store_ttl_s=1e17, torch_threads=2**31)
+        # was taken and broke the replica later: a traceback, or reconnecting for ever
+        for name, hi in _UPPER_BOUNDS.items():
+            if getattr(self, name) > hi:
+                raise ConfigError(f"{name}: must be <= {hi:g}, got {getattr(self, name)!r}")
         if self.heartbeat_prune_s < 3 * self.heartbeat_s:
             raise ConfigError(f"heartbeat_prune_s: {self.heartbeat_prune_s} would remove live replicas' "
                               f"heartbeats (at least 3 x heartbeat_s {self.heartbeat_s})")
@@ -235,6 +254,14 @@ class ServerConfig:
     ) -> ServerConfig:
         """Build from environment variables overridden by CLI values (None = not given)."""
         env = os.environ if env is None else env
+        known = {ENV_PREFIX + f.name.upper() for f in fields(cls)}
+        unknown = sorted(k for k in env if k.startswith(ENV_PREFIX) and k not in known)
+        if unknown:  # found by review: DRL_POLICY_REDIS (the flag's name) was ignored without a word,
+            # and the replica connected to 127.0.0.1:6379 for ever
+            near = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+            raise ConfigError(f"{unknown[0]}: not a setting of the policy server"
+                              + (f" (did you mean {near[0]}?)" if near else "")
+                              + f"; the variables are {ENV_PREFIX}<setting>, e.g. {ENV_PREFIX}REDIS_URL for --redis")
         values: dict[str, Any] = {}
         for f in fields(cls):
             raw = env.get(ENV_PREFIX + f.name.upper())

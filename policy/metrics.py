@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -136,7 +137,13 @@ class MetricsServer:
             def log_message(self, fmt: str, *args: Any) -> None:
                 log.debug("metrics http: " + fmt, *args)
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        # the address family of the host (found by review: ThreadingHTTPServer is IPv4 only, and
+        # --metrics-host ::1 or :: ended the server at start)
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        server_class = type("MetricsHTTPServer", (ThreadingHTTPServer,), {"address_family": family})
+        self.httpd = server_class((host, port), Handler)
+        # a client that connects and sends nothing holds one thread, not for ever
+        Handler.timeout = 30
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="metrics-http", daemon=True)

@@ -221,6 +221,7 @@ class PolicyServer:
         self.checkpoint = ""
         if placer is None and config.placer != "eft" and config.registry:
             _torch_threads(config.torch_threads)
+            _check_device(config.device)
             gnn_kwargs: dict[str, Any] = {"temperature": config.temperature, "seed": config.seed,
                                           "hold_ratio": config.hold_ratio, "step_kernel": config.step_kernel}
             if config.cp_gate is not None:  # unset: as the checkpoint was trained
@@ -786,11 +787,13 @@ class PolicyServer:
         return graph
 
     def _error(self, job: _Job, code: str, message: str) -> PlacementReply | None:
-        self.metrics.requests.labels(outcome=code).inc()
         log.warning("request %s (entry %s): %s: %s", job.request_id, job.entry_id.decode(), code,
                     message[:300])
         if job.request_id is None:
+            self.metrics.requests.labels(outcome=code).inc()  # its only outcome
             return None  # nobody to answer: acknowledged and dropped
+        # counted under its code by _reply once written, as "ok" is (found by review: counted here
+        # too, a reply dropped late or taken over was one request with two outcomes)
         return PlacementReply(request_id=job.request_id, policy=self.placer.name,
                               policy_version=self.placer.version, error_code=code,
                               error=message[:2000])
@@ -841,6 +844,8 @@ class PolicyServer:
                 self._count_decisions(job.reply.decisions)
                 if job.entry_ms is not None:
                     self.metrics.request_age.observe(max(0.0, now - job.entry_ms / 1000))
+            else:
+                self.metrics.requests.labels(outcome=job.reply.error_code or "internal").inc()
         self.handled += len(jobs) - len(lost)
 
     def _count_decisions(self, decisions: Sequence[Decision]) -> None:
@@ -918,6 +923,22 @@ def _torch_threads(n: int) -> None:
         import torch
 
         torch.set_num_threads(n)
+
+
+def _check_device(spec: str) -> None:
+    """Refuse a CUDA device torch cannot use here (found by review: ``cuda:7`` on a host without it
+    failed at the model's load, counted as a bad checkpoint, and ``--placer auto`` served the
+    heuristic with /health "ok")."""
+    if not spec.startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device: {spec!r}, but torch sees no CUDA device here (a CPU build of torch, or no "
+                          "GPU); use auto or cpu")
+    index = int(spec.split(":", 1)[1]) if ":" in spec else 0
+    if index >= torch.cuda.device_count():
+        raise ConfigError(f"device: {spec!r}, but this host has {torch.cuda.device_count()} CUDA device(s)")
 
 
 # --- the subcommand ------------------------------------------------------------------------------
