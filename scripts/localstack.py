@@ -369,8 +369,9 @@ class Stack:
         return root
 
     def start_policy_server(self) -> None:
-        env = self.airflow_env()
-        argv = [str(VENV_BIN / "drl-policy"), "serve", "--redis", f"{self.redis_url}/0", "--prefix", "drl",
+        # the URL (with its password) in the environment, not the arguments any user can read (ps)
+        env = {**self.airflow_env(), "DRL_POLICY_REDIS_URL": f"{self.redis_url}/0"}
+        argv = [str(VENV_BIN / "drl-policy"), "serve", "--prefix", "drl",
                 "--catalogue", str(self.catalogue), "--metrics-port", str(self.ports.metrics),
                 "--placer", "auto", "--registry", str(self.registry())]
         self.spawn("policy-server", argv, env)

@@ -4,7 +4,8 @@ each replica's handled count (from its heartbeat), one JSON line per sample.
 
     python scripts/soak_redis_probe.py OUT.jsonl SECONDS   # started beside the bench
 
-It finds the bench's server by its command line (``serve --redis URL --prefix P``).
+It finds the bench's server by its command line (``serve --prefix P``) and reads the Redis URL from
+its environment (``DRL_POLICY_REDIS_URL``: the bench keeps it off the command line).
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ def main(out_path: str, seconds: float) -> int:
     deadline = time.time() + seconds
     found = None
     while time.time() < deadline and found is None:
-        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=False).stdout
-        found = re.search(r"serve --redis (redis://\S+) --prefix (\S+)", ps)
+        ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=False).stdout
+        found = re.search(r"^\s*(\d+) .*policy\.cli .*serve --prefix (\S+)", ps, re.MULTILINE)
         time.sleep(1)
     if found is None:
         print("no drl-policy bench server found", file=sys.stderr)
         return 1
-    r = redis.Redis.from_url(found.group(1))
+    with open(f"/proc/{found.group(1)}/environ", "rb") as fh:
+        env = dict(v.split(b"=", 1) for v in fh.read().split(b"\0") if b"=" in v)
+    r = redis.Redis.from_url(env[b"DRL_POLICY_REDIS_URL"].decode())
     prefix = found.group(2)
     t0 = time.time()
     with open(out_path, "w") as out:
