@@ -80,7 +80,8 @@ class ServerMetrics:
             registry=r,
         )
         self.reconnects = Counter(
-            "drl_policy_redis_reconnects_total", "Times the Redis connection was lost", registry=r
+            "drl_policy_redis_reconnects_total",
+            "Redis failures that made the server reconnect (each failed retry of an outage counts)", registry=r
         )
         self.graph_cache_entries = Gauge(
             "drl_policy_graph_cache_entries", "Graphs in the per-run graph cache", registry=r
