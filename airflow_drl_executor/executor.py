@@ -207,12 +207,33 @@ class DRLExecutor(CeleryExecutor):
         keep = [ti for ti in tis if id(ti) not in never_sent]
         not_adopted = list(super().try_adopt_task_instances(keep)) if keep else []
         now = time.time()
-        for ti in keep:
-            key = self._ti_key(ti)
-            if key in self.running and ti.queue in self.catalogue.names:
-                run_s = self._run_s(self.catalogue.pool(ti.queue).state(), None)
-                self.ledger.add(key, ti.queue, str(ti.id), run_s, now)
+        adopted = [ti for ti in keep if self._ti_key(ti) in self.running and ti.queue in self.catalogue.names]
+        expected = self._expected_runs(adopted)
+        for ti in adopted:
+            run_s = expected.get(id(ti)) or self._run_s(self.catalogue.pool(ti.queue).state(), None)
+            started = getattr(ti, "start_date", None)  # a running try: its finish from its start
+            self.ledger.add(self._ti_key(ti), ti.queue, str(ti.id), run_s,
+                            min(started.timestamp(), now) if started is not None else now)
         return not_adopted
+
+    def _expected_runs(self, tis: Sequence[Any]) -> dict[int, float]:
+        """``id(ti) -> expected seconds`` of adopted tries from their DAGs' history, as another
+        scheduler's tasks are charged (found by review: every adopted task was charged the default
+        duration, and a pool running a 1-hour task looked free 40 s after a restart); none when the
+        history cannot be read (the default then)."""
+        from airflow.utils.session import create_session
+
+        if not tis:
+            return {}
+        try:
+            with create_session(scoped=False) as session:
+                return {id(ti): self.graph_builder.expected_run_s(
+                    ti.dag_id, ti.task_id, ti.queue, session,
+                    str(ti.dag_version_id) if ti.dag_version_id is not None else None) for ti in tis}
+        except SQLAlchemyError as exc:
+            self.log.warning("DRLExecutor: the adopted tasks' history cannot be read (%s): charged %gs each",
+                             exc, self.drl_config.default_duration_s)
+            return {}
 
     def _never_sent(self, tis: Sequence[Any]) -> set[int]:
         """``id()`` of the QUEUED ``tis`` this executor never sent: no placement recorded with

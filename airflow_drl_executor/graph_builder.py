@@ -389,7 +389,9 @@ class GraphBuilder:
         resumed = TI.queued_dttm > TI.start_date
         rows = session.execute(
             select(TI.task_id, TI.queue, func.avg(TI.duration), func.count())
-            .where(*done, TI.duration >= 0,  # not NULL, nor negative: a worker's clock stepped back
+            # not NULL, nor negative (a worker's clock stepped back), nor 0: a task marked success
+            # without running (set_state writes start = end; found by review: counted as a 0 s run)
+            .where(*done, TI.duration > 0,
                    or_(TI.queued_dttm.is_(None), TI.start_date.is_(None), ~resumed))
             .group_by(TI.task_id, TI.queue)
         ).all() if recent else []

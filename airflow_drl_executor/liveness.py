@@ -19,6 +19,7 @@ check were off.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -118,8 +119,10 @@ class PoolWatch:
         """``answer_s``: how long one check may take (the broadcast's timeout): an answer counts
         for three rounds of wait and check (found by review: three intervals alone, shorter than
         one round with a 2 s broadcast every 0.5 s, left every pool up for most of each round)."""
-        if interval_s <= 0 or answer_s < 0:
-            raise ValueError(f"need interval_s > 0 and answer_s >= 0, got {interval_s!r}, {answer_s!r}")
+        # finite (found by review: inf ended the thread in Event.wait after one check, and that
+        # answer never went stale; NaN broadcast back to back, and no answer ever went stale)
+        if not (math.isfinite(interval_s) and math.isfinite(answer_s)) or interval_s <= 0 or answer_s < 0:
+            raise ValueError(f"need finite interval_s > 0 and answer_s >= 0, got {interval_s!r}, {answer_s!r}")
         self._ask = ask
         self.pools = tuple(pools)
         self.interval_s = float(interval_s)
@@ -180,8 +183,10 @@ class PoolWatch:
     def start(self) -> None:
         if self._thread is not None:
             return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="drl-pool-watch", daemon=True)
+        # each thread its own stop event (found by review: stop() gave up on a thread still in a
+        # broadcast, start() cleared the shared event, and the old thread looped beside the new)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(self._stop,), name="drl-pool-watch", daemon=True)
         self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -190,10 +195,10 @@ class PoolWatch:
             self._thread.join(timeout_s)
             self._thread = None
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
+    def _loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
             try:
                 self.check()
             except Exception:  # noqa: BLE001 - a malformed reply must not end the watch
                 log.exception("DRLExecutor: pool liveness check failed")
-            self._stop.wait(self.interval_s)
+            stop.wait(self.interval_s)

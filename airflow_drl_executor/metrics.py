@@ -104,7 +104,10 @@ def sent(records: Iterable[PlacementRecord]) -> None:
     """Count the placements Celery accepted."""
     legacy = _legacy()
     for rec in records:
-        stats.incr(f"{PREFIX}.placements", tags={"pool": rec.pool, "fallback": str(rec.fallback).lower()})
+        # the tag as a name part may hold it (found by review: InfluxDB-style StatsD folds tags
+        # into the name, whose validator refused "gpu:a100", and the counter was dropped)
+        pool = stats.normalize_name_for_stats(rec.pool, log_warning=False)
+        stats.incr(f"{PREFIX}.placements", tags={"pool": pool, "fallback": str(rec.fallback).lower()})
         if legacy:
             stats.incr(f"{PREFIX}.placements.{_named(rec.pool)}")
         if rec.fallback:
