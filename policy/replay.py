@@ -45,7 +45,11 @@ def write_replay(path: str | Path, runs: Iterable[ReplayRun]) -> int:
 def read_replay(path: str | Path) -> list[ReplayRun]:
     """Read a replay file; a malformed line raises :class:`SchemaError` naming the file and line."""
     out: list[ReplayRun] = []
-    with open(path) as fh:
+    try:
+        fh = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+    except OSError as exc:  # found by review: a missing file or a folder was a traceback
+        raise ReplayError(f"{path}: cannot read the replay file: {exc.strerror or exc}") from None
+    with fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue

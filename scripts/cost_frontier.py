@@ -32,6 +32,7 @@ from policy.schema import PoolState, ReadyTask, TaskNode
 from trainer.baselines import make_placer
 from trainer.baselines.rules import INF, CriticalPathCost, ListScheduler, run_time
 from trainer.bench import setting_jobs
+from trainer.options import finite_at_least, float_arg, int_arg
 from trainer.simulator import SCALE_IN_RULES, SimConfig, Simulator
 
 W = "../shared/workflows/wfinstances"
@@ -122,11 +123,23 @@ def simulate(
                                             for p in sim._pools}
 
 
+def _lams(text: str) -> str:
+    """``--lams`` as given, once each item reads as a finite number >= 0."""
+    for x in (x for x in text.split(",") if x):
+        try:
+            finite_at_least(float(x), 0, "--lams")
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"--lams: {x!r}: {exc}") from None
+    return text
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--lams", default="300,500", help="comma list of boot-aware weights (s per $)")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--load", type=float, default=0.85)
+    # checked where parsed: one line with exit status 2, not a traceback from a worker process
+    # (found by review)
+    ap.add_argument("--lams", default="300,500", type=_lams, help="comma list of boot-aware weights (s per $)")
+    ap.add_argument("--seeds", type=int_arg(0, "--seeds"), nargs="+", default=[0, 1])
+    ap.add_argument("--load", type=float_arg(0, "--load", strict=True), default=0.85)
     ap.add_argument("--cp", default="", help="comma list of cost-cp variants: RATIO, RATIO-free "
                     "(tasks with slack may also take a premium pool's free slot), RATIO-all (no task may "
                     "take a premium pool), RATIO-ride[<F>] (a free slot that a running task keeps billed), "
@@ -138,7 +151,7 @@ def main() -> None:
                     "each DIR, DIR@GATE (decoded with that cp_gate: premium pools only for critical-path tasks) "
                     "or DIR@GATE/all (the gate for every task)")
     ap.add_argument("--pools", default="policy/catalogues/gpu-affinity.yaml")
-    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--jobs", type=int_arg(1, "--jobs"), default=1)
     ap.add_argument("--scale-in", choices=SCALE_IN_RULES, default="sustained",
                     help="elastic pools' scale-in rule (trainer/cluster.py; window: as Kubernetes HPA / KEDA)")
     args = ap.parse_args()

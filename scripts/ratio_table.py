@@ -37,14 +37,31 @@ def family(setting: str) -> str:
     return first.split("-")[0] if first.endswith(".json") else setting
 
 
+def _load(path: str) -> dict:
+    """A bench JSON, or the script stops naming the file (found by review: a traceback)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"{path}: cannot read this bench JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
+        raise SystemExit(f"{path}: not a bench JSON (no 'results' list)")
+    return doc
+
+
 def _table(path: str, metric: str) -> dict[str, dict[str, float]]:
-    """``metric`` per policy and setting family of one bench JSON (the lowest where a family
-    appears twice). A value that is not > 0 (a rate of 0 SLA violations) stops the script naming
-    it: no ratio to it, and no geometric mean with it (found by review: drl's own 0, or a
-    baseline's under ``--reference per-setting-rule``/``best-fixed``, was a math domain error)."""
+    """``metric`` per policy and setting family of one bench JSON. A value that is not > 0 (a
+    rate of 0 SLA violations) stops the script naming it: no ratio to it, and no geometric mean
+    with it (found by review: drl's own 0, or a baseline's under ``--reference
+    per-setting-rule``/``best-fixed``, was a math domain error); so do two settings of one family
+    (found by review: ``wfcommons:bwa:200:3`` and ``wfcommons:bwa:1000:3`` were one, the lowest
+    of each kept, and drl's best setting was divided by the baselines' other one)."""
     out: dict[str, dict[str, float]] = {}
-    for r in json.loads(Path(path).read_text())["results"]:
+    named: dict[str, str] = {}
+    for r in _load(path)["results"]:
         row, key = out.setdefault(r["policy"], {}), family(r["setting"])
+        if named.setdefault(key, r["setting"]) != r["setting"]:
+            raise SystemExit(f"{path}: settings {named[key]!r} and {r['setting']!r} are both family {key}: "
+                             "bench them apart")
         value = r[metric]
         if not value > 0:
             raise SystemExit(f"{path}: {metric} of {r['policy']} on {key} is {value}: no ratio nor geometric "
@@ -65,7 +82,7 @@ def check_same_streams(base: str, other: str) -> None:
     catalogue (found by review: only family names were matched, so a checkpoint benched with its
     ``--workflows`` in another order was divided by the baselines of other arrival draws). Files
     without a ``config`` are not checked; paths compare by their last part (another checkout)."""
-    a, b = (json.loads(Path(p).read_text()).get("config") for p in (base, other))
+    a, b = (_load(p).get("config") for p in (base, other))
     if not a or not b:
         return
     for key, default in _SAME_STREAMS.items():
@@ -131,6 +148,8 @@ def main() -> None:
                     help="divide by the best baseline of each setting and seed (default), by one "
                          "baseline per setting chosen over all seeds, or by the best fixed one")
     args = ap.parse_args()
+    if len(set(args.seeds)) != len(args.seeds):  # found by review: a seed listed twice counted twice
+        raise SystemExit(f"--seeds: {next(x for x in args.seeds if args.seeds.count(x) > 1)} is listed twice")
     bases = {seed: _table(f"{args.base}-{seed}.json", args.metric) for seed in args.seeds}  # read once
     bests = {seed: _best(t) for seed, t in bases.items()}
     refs = bests  # the reference value per seed and setting family
@@ -153,7 +172,14 @@ def main() -> None:
         for seed in args.seeds:
             best = refs[seed]
             check_same_streams(f"{args.base}-{seed}.json", f"{prefix or name}-{seed}.json")
-            mine = _table(f"{prefix or name}-{seed}.json", args.metric)["drl"]
+            path = f"{prefix or name}-{seed}.json"
+            mine = _table(path, args.metric).get("drl")
+            if not mine:  # found by review: KeyError 'drl'
+                raise SystemExit(f"{path}: no drl row (bench the checkpoint with --policies drl)")
+            missing = sorted(set(mine) - set(best))
+            if missing:  # found by review: KeyError on a family the baselines did not run
+                raise SystemExit(f"{path}: drl ran {', '.join(missing)}, which {args.base}-{seed}.json has no "
+                                 "baseline for")
             ratios = {k: v / best[k] for k, v in mine.items()}
             per_seed.append(_geomean(list(ratios.values())))
             for k, v in ratios.items():

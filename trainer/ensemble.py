@@ -102,6 +102,15 @@ def _check_members(members: Sequence[Checkpoint], out: Path) -> None:
         raise CheckpointError(f"--out {out}: that is member {clash[0]}; write the ensemble elsewhere")
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"--out {out}: a file is there; an ensemble is a folder")
+    above = next((p for p in out.absolute().parents if p.exists()), None)
+    if above is not None and not above.is_dir():  # found by review: a traceback after the members loaded
+        raise CheckpointError(f"--out {out}: {above} is a file, not a folder to write the ensemble in")
+    seen: dict[str, str] = {}
+    for c in members:  # found by review: `ensemble A A` wrote "2 members: gnn-x, gnn-x"
+        if c.version in seen:
+            raise CheckpointError(f"{c.path} and {seen[c.version]} are the same model ({c.version}); an "
+                                  "ensemble's members are different models")
+        seen[c.version] = str(c.path)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -47,6 +47,7 @@ import json
 import logging
 import math
 import re
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -261,6 +262,16 @@ class Args:
         if self.rl_temperature <= 0 or self.rl_clip_coef <= 0 or self.rl_lr <= 0:
             raise ValueError(f"rl_temperature, rl_clip_coef and rl_lr must be > 0, got {self.rl_temperature!r}, "
                              f"{self.rl_clip_coef!r}, {self.rl_lr!r}")
+        # found by review: each of these passed (NaN passes every comparison above), then was a
+        # torch traceback after --out was made, a NaN in summary.json, gradient ascent (a negative
+        # clip norm), or an untrained model saved with exit status 0
+        for name in ("lr", "rl_lr", "rl_temperature", "rl_clip_coef"):
+            finite_at_least(getattr(self, name), 0, name, strict=True)
+        for name in ("ent_coef", "rl_ent_coef", "pool_loss", "cost_weight", "time_limit_s", "rl_horizon_s",
+                     "rl_max_grad_norm"):
+            finite_at_least(getattr(self, name), 0, name)
+        finite_at_least(self.time_scale, 1, "time_scale")
+        int_at_least(self.buffer, 1, "buffer")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -620,6 +631,9 @@ def train(args: Args) -> dict[str, Any]:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"--out {out}: a file is there; a checkpoint is a folder")
+    above = next((p for p in out.absolute().parents if p.exists()), None)
+    if above is not None and not above.is_dir():  # found by review: NotADirectoryError after the work
+        raise CheckpointError(f"--out {out}: {above} is a file, not a folder to make the checkpoint in")
     # every input is read before --out is touched (found by review: a rerun refused for a typo in
     # --pools truncated the previous run's log.jsonl beside its checkpoint)
     catalogue = load_catalogue(args.pools)
@@ -630,6 +644,16 @@ def train(args: Args) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(args.seed)
     choose_teachers(settings, catalogue, args)
+    # the model before --out is touched, as every input (found by review: --hidden 0 was refused
+    # after the previous run's log.jsonl had been truncated)
+    init_version = ""
+    if ckpt is not None:
+        model, init_version = upgraded(ckpt.model), ckpt.version  # an older schema gains the new columns
+    else:
+        model = PlacementGNN(ModelConfig(hidden=args.hidden, layers=args.layers), args.feature_schema)
+    if args.row_bias:  # a new model's, or one given to --init's model (which keeps its other weights)
+        model = model.with_row_bias(args.row_bias_init)
+        model.row_k.requires_grad_(not args.row_bias_fixed)
     out.mkdir(parents=True, exist_ok=True)
     logf = (out / "log.jsonl").open("w")
     tb = tensorboard_writer(out / "tb")
@@ -641,14 +665,6 @@ def train(args: Args) -> dict[str, Any]:
             for tag, value in scalars.items():
                 tb.add_scalar(_TB_ILLEGAL.sub("_", tag), value, global_step)
 
-    init_version = ""
-    if ckpt is not None:
-        model, init_version = upgraded(ckpt.model), ckpt.version  # an older schema gains the new columns
-    else:
-        model = PlacementGNN(ModelConfig(hidden=args.hidden, layers=args.layers), args.feature_schema)
-    if args.row_bias:  # a new model's, or one given to --init's model (which keeps its other weights)
-        model = model.with_row_bias(args.row_bias_init)
-        model.row_k.requires_grad_(not args.row_bias_fixed)
     initial = copy.deepcopy(model)  # which inputs training never moves (policy/inputs.py)
     global_step, train_s = imitate(model, settings, catalogue, args, rng, record, t_start)
     rl: dict[str, Any] = {}
@@ -683,8 +699,8 @@ def _flags(args: Args) -> list[str]:
     out = []
     for f in dataclasses.fields(Args):
         v = getattr(args, f.name)
-        if v != getattr(default, f.name):
-            out.append(f"--{f.name.replace('_', '-')} {v}")
+        if v != getattr(default, f.name):  # quoted (found by review: '' or a space split the command)
+            out.append(f"--{f.name.replace('_', '-')} {shlex.quote(str(v))}")
     return out
 
 
@@ -707,6 +723,8 @@ def run(args: argparse.Namespace) -> int:
         # unset shell variable saved an untrained model as a checkpoint, exit status 0)
         raise SystemExit(f"error: --workflows names no training setting (';'-separated workload families or "
                          f"WfFormat paths), got {a.workflows!r}")
+    if not a.iters and not a.rl_iters and not a.init:  # found by review: an untrained model saved, exit 0
+        raise SystemExit("error: --iters 0 without --rl-iters or --init trains nothing")
     summary = train(a)
     print(_table(summary["evaluation"], a))
     t = summary["training"]

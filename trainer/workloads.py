@@ -256,14 +256,14 @@ def replay_jobs(path: str | Path, catalogue: Catalogue, sla_factor: float = 2.0)
     traces) as jobs arriving at their recorded times, each with its recorded graph and durations."""
     kept, left_out = read_runnable(path, catalogue)
     if not kept and not left_out:
-        raise ValueError(f"{path}: the replay file holds no runs")
+        raise WorkloadError(f"{path}: the replay file holds no runs")
     jobs = []
     for j, run in kept:
         lb = critical_path_lb(run.graph, catalogue)
         g = with_run_key(run.graph, f"{run.graph.run_key}#{j}")
         jobs.append(Job(g, run.arrival_s, run.arrival_s + sla_factor * lb))
     if not jobs:
-        raise ValueError(f"{path}: no run of the replay file can run on these pools")
+        raise WorkloadError(f"{path}: no run of the replay file can run on these pools")
     return jobs
 
 
