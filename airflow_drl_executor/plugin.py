@@ -38,16 +38,23 @@ _upgraded = False
 def _rows(limit: int, dag_ids: set[str], where: traces.PlacementFilter) -> list[dict[str, Any]]:
     from airflow.utils.session import create_session
     from sqlalchemy import inspect
+    from sqlalchemy.exc import SQLAlchemyError
 
     global _upgraded
-    with create_session() as session:
-        conn = session.connection()
-        if not inspect(conn).has_table(traces.placements.name):
-            return []
-        if not _upgraded:  # a table of an earlier release, before this release's executor wrote to it
-            traces.ensure_schema(conn.engine)
-            _upgraded = True
-        return [dict(r._mapping) for r in conn.execute(traces.outcomes_query(limit, dag_ids, where))]
+    try:
+        with create_session() as session:
+            conn = session.connection()
+            if not inspect(conn).has_table(traces.placements.name):
+                return []
+            if not _upgraded:  # a table of an earlier release, before this release's executor wrote to it
+                traces.ensure_schema(conn.engine)
+                _upgraded = True
+            return [dict(r._mapping) for r in conn.execute(traces.outcomes_query(limit, dag_ids, where))]
+    except SQLAlchemyError as exc:  # found by review: a bare HTTP 500 for a database that did not answer
+        cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:300]
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
+                            f"the metadata database did not answer the placements query: {type(exc).__name__}: "
+                            f"{cause}") from None
 
 
 def _cell(value: Any) -> str:

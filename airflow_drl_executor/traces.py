@@ -144,8 +144,26 @@ def ensure_schema(engine: Engine) -> None:
     metadata.create_all(engine, checkfirst=True)
     with engine.begin() as conn:
         _upgrade_ti_id(conn)
+        _add_columns(conn)
         for index in placements.indexes:  # an index added since the table was created
             index.create(conn, checkfirst=True)
+
+
+def _add_columns(conn: Connection) -> None:
+    """Add the columns this release has and the table lacks, with their default (found by review:
+    a table of the first release had no ``waited_s``: the placements page and every trace write
+    failed on it after an upgrade)."""
+    have = {c["name"] for c in inspect(conn).get_columns(placements.name)}
+    for column in placements.columns:
+        if column.name in have:
+            continue
+        default = _DEFAULTS.get(column.name)
+        if isinstance(default, bool) or not isinstance(default, int | float) and not column.nullable:
+            raise RuntimeError(f"{placements.name}: cannot add column {column.name} (no default to fill it with)")
+        kind = column.type.compile(dialect=conn.dialect)
+        fill = f"DEFAULT {default!r} NOT NULL" if isinstance(default, int | float) else "NULL"
+        conn.execute(text(f"ALTER TABLE {placements.name} ADD COLUMN {column.name} {kind} {fill}"))
+        log.info("%s: column %s added (%s)", placements.name, column.name, fill)
 
 
 def _upgrade_ti_id(conn: Connection) -> None:

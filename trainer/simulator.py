@@ -241,6 +241,8 @@ class SimResult:
 
 _WAITING, _READY, _QUEUED, _RUNNING, _DONE = range(5)
 _ARRIVE, _FINISH, _LAND, _BOOT, _SCALE, _DOWN, _UP, _SLOW, _FAST, _WAKE = range(10)
+#: added to the sequence number of an event that must come after every other of its instant
+_AFTER_ALL = 1 << 62
 SCALE_IN_RULES = ("sustained", "window")
 #: what places a task held past ``max_wait_s``: the executor's fallback
 _WAIT_FALLBACK = EarliestFinishPlacer(fallback=True)
@@ -407,7 +409,10 @@ class Simulator:
         # review: the heap orders events of one time as pushed, so the first window's end came after)
         for o in sorted(cfg.outages, key=lambda o: o.start_s):
             p = self._pool_index[o.pool]
-            self._push(o.start_s, _DOWN, p)
+            # after every other event of its instant (found by review: a try finishing exactly as
+            # the outage began was killed, its whole run time spent, and retried)
+            self._seq += 1
+            heapq.heappush(self._heap, (o.start_s, self._seq + _AFTER_ALL, _DOWN, p, 0, 0))
             self._push(o.end_s, _UP, p)
         for k, s in sorted(enumerate(cfg.slowdowns), key=lambda ks: ks[1].start_s):
             p = self._pool_index[s.pool]
@@ -812,6 +817,7 @@ class Simulator:
         latency = self.config.dispatch_latency_s
         touched: dict[int, None] = {}
         run_idx = {run.graph.run_key: r for r, run in self._active.items()}
+        placed: set[tuple[int, int]] = set()  # by this batch: a duplicate decision is skipped
         for d in decisions:
             r = run_idx.get(d.run_key)
             run = self._runs[r] if r is not None else None
@@ -819,8 +825,9 @@ class Simulator:
             if run is None or i is None or r is None:
                 raise SimulationError(f"decision for unknown task {d.run_key!r}/{d.task_id!r}")
             if run.state[i] != _READY:
-                if (r, i) not in self._ready and run.state[i] == _QUEUED:
+                if (r, i) in placed:
                     continue  # a duplicate decision for a task placed in this batch
+                # found by review: one queued at an earlier decision point was skipped silently too
                 raise SimulationError(f"decision for {d.run_key!r}/{d.task_id!r}, which is not ready")
             p = self._pool_index.get(d.pool)
             if p is None:
@@ -832,6 +839,7 @@ class Simulator:
                 self._refused += 1
                 continue
             del self._ready[(r, i)]
+            placed.add((r, i))
             self._held_since.pop((r, i), None)
             self._ready_t = None
             run.state[i] = _QUEUED

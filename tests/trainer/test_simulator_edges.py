@@ -197,3 +197,58 @@ def test_retries_see_the_same_realised_durations_under_every_policy() -> None:
     b = work({"t0": "slow", "t1": "fast"})
     assert {k for k in a if k[1] > 1} >= {("t0", 2), ("t1", 2)}, "both first tries fail here"
     assert a == b
+
+
+def test_a_try_that_finishes_as_an_outage_starts_is_not_killed() -> None:
+    """An ``Outage`` is "down from ``start_s`` to ``end_s``" (and a ``Slowdown`` counts a try
+    started at ``start_s`` as inside, i.e. windows are [start, end)). A 10 s task starting at 0 s
+    on a one-worker pool has finished at 10 s; an outage 10-20 s begins as it ends, so the job
+    should finish at 10 s with one successful try.
+
+    Wrong: outage events are pushed in ``Simulator.reset_state`` before any ``_FINISH``, and the
+    heap breaks time ties by push order, so at 10 s ``_DOWN`` is handled first and kills the
+    try that has just completed its whole run time (``_outage`` records it as a failed try);
+    the retry waits for the pool and runs 20-30 s. A completion and an outage at the same
+    instant should resolve in favour of the completion (e.g. give ``_DOWN`` a tie-break after
+    ``_FINISH``)."""
+    cat = _catalogue({"p": {"vm_class": "v", "workers": 1}})
+    jobs = [Job(_one("a", 10.0), 0.0)]
+    r = Simulator(cat, jobs, _ToPool("p"), seed=0, outages=(Outage("p", 10.0, 20.0),)).run()
+    assert [(t.start_s, t.end_s, t.ok) for t in r.tasks] == [(0.0, 10.0, True)]
+    assert r.failed_tries == 0
+    assert r.jobs[0].finish_s == pytest.approx(10.0)
+
+
+class _ReplaceQueued:
+    """Places every ready task on ``p``; at its second request also sends again a task that was
+    placed at the first one and is still queued (not ready)."""
+
+    name = "re-place"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
+        self.calls += 1
+        out = [Decision(t.run_key, t.task_id, "p", "v") for t in request.ready]
+        if self.calls == 2:
+            out.append(Decision("a", "t1", "p", "v"))
+        return out
+
+
+def test_a_decision_for_a_task_queued_earlier_is_an_error() -> None:
+    """The module docstring: "A decision for a task that is not ready raises
+    :class:`SimulationError`". Job ``a`` (two independent 10 s tasks) at 0 s on a one-worker
+    pool: t0 runs, t1 is queued. Job ``b`` arrives at 5 s; the placer's second request offers
+    only b/t0, and the placer also returns a decision for a/t1, queued since 0 s: not ready.
+
+    Wrong: ``Simulator._apply`` skips any decision for a task that is ``_QUEUED`` and not in
+    ``_ready`` (meant for a duplicate decision *within one batch*), so a decision for a task
+    queued at an earlier decision point is silently dropped instead of refused or raised.
+    Fix: remember the tasks queued by this batch (e.g. a local set) and skip only those."""
+    cat = _catalogue({"p": {"vm_class": "v", "workers": 1}})
+    graph = RunGraph("a", (TaskNode("t0", duration_s=10.0), TaskNode("t1", duration_s=10.0)), ())
+    jobs = [Job(graph, 0.0), Job(_one("b", 10.0), 5.0)]
+    placer = _ReplaceQueued()
+    with pytest.raises(SimulationError, match="not ready"):
+        Simulator(cat, jobs, placer, seed=0).run()
