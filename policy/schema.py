@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from dataclasses import dataclass, field, fields
 from json.encoder import encode_basestring_ascii as _json_string
 from typing import Any, Iterable, Mapping, Sequence, Union
@@ -332,10 +333,16 @@ class RunRef:
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any], where: str = "run") -> RunRef:
-        return cls(run_key=_str(obj, "run_key", where), digest=_str(obj, "digest", where))
+        digest = _str(obj, "digest", where)
+        if not _DIGEST.fullmatch(digest):  # what graph_digest makes (found by review: "<D>:dag" named
+            # the store's entry of another run, "dag:x", whose key ends the same)
+            raise SchemaError(f"{where}.digest: expected 16 hex digits, got {digest[:40]!r}")
+        return cls(run_key=_str(obj, "run_key", where), digest=digest)
 
 
 RunEntry = Union[RunGraph, RunRef]
+#: a graph's digest as :func:`graph_digest` writes it
+_DIGEST = re.compile(r"[0-9a-f]{16}")
 
 
 @dataclass(frozen=True)

@@ -776,11 +776,18 @@ class PolicyServer:
             return None
         try:
             graph = RunGraph.from_json(loads_json(raw, max_bytes=self.config.max_request_bytes))
+            if graph.run_key != ref.run_key or graph.digest != ref.digest:
+                # checked before view(), which memoises what it is given (found by review: a
+                # mismatching entry's view stayed outside the cache's bound)
+                raise SchemaError(f"it holds {graph.run_key}@{graph.digest}")
             view(graph)
         except SchemaError as exc:  # not what a replica wrote: ask the client for the graph instead
-            log.warning("graph store entry of %s@%s refused: %s", ref.run_key, ref.digest, exc)
-            return None
-        if graph.run_key != ref.run_key or graph.digest != ref.digest:
+            log.warning("graph store entry of %s@%s refused (deleted): %s", ref.run_key, ref.digest, exc)
+            try:  # found by review: kept (SET NX), the full resend never replaced it, and every other
+                # replica answered unknown_graph for that run while it was referenced
+                r.delete(self.keys.graph(ref.run_key, ref.digest))
+            except redis.RedisError:
+                pass
             return None
         self.cache.put(graph)
         self.metrics.graph_store_hits.inc()

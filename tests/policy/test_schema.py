@@ -34,7 +34,7 @@ def _request() -> PlacementRequest:
         ready=(ReadyTask("dag/run1", "a"),),
         pools=(PoolState("small", "s", slots=2, cpus=4, memory_gb=16),
                PoolState("gpu", "g", slots=1, cpus=8, memory_gb=64, gpus=1, affinity={"gpu_train": 8.0})),
-        runs=(g, RunRef("dag/run0", "abc")),
+        runs=(g, RunRef("dag/run0", "0123456789abcdef")),
         progress=(RunProgress("dag/run1", finished=("x",), running=("a",), age_s=3.0),),
         created_at=1.0,
         deadline_ms=100.0,
