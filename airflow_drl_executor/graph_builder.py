@@ -243,6 +243,13 @@ class GraphBuilder:
                 graphs[run_key], problems[run_key] = self._graph(inst, session, expanded.get(run_key, {}))
             except PolicyError as exc:
                 failed[run_key] = str(exc)
+            except SQLAlchemyError:
+                raise  # the database, not this run: the heartbeat's fallback for every run
+            except Exception as exc:  # noqa: BLE001 - found by review: a DAG version this scheduler cannot
+                # deserialize (another release's, a timetable not registered here) sent every run of
+                # the batch to the fallback, at every heartbeat; now that run only
+                failed[run_key] = (f"DAG version {inst.dag_version_id} cannot be read here: "
+                                   f"{type(exc).__name__}: {exc}")
         for inst in ready:
             if inst.run_key in failed or inst.node not in view(graphs[inst.run_key]).index:
                 continue  # not in that version: the executor places it itself (no ReadyTask)
@@ -558,11 +565,13 @@ class GraphBuilder:
 
         if not runs:
             return [], {}
-        rows = session.execute(
-            select(TaskInstance.dag_id, TaskInstance.run_id, TaskInstance.task_id, TaskInstance.map_index,
-                   TaskInstance.state, TaskInstance.max_tries)
-            .where(or_(*(and_(TaskInstance.dag_id == d, TaskInstance.run_id == r) for d, r in runs)))
-        ).all()
+        rows: list[Any] = []
+        for chunk in _chunks(runs):  # found by review: ~1,000 runs in one OR overflowed SQLite's depth
+            rows.extend(session.execute(
+                select(TaskInstance.dag_id, TaskInstance.run_id, TaskInstance.task_id, TaskInstance.map_index,
+                       TaskInstance.state, TaskInstance.max_tries)
+                .where(or_(*(and_(TaskInstance.dag_id == d, TaskInstance.run_id == r) for d, r in chunk)))
+            ).all())
         out: list[tuple[str, str, int, str]] = []
         max_tries: dict[tuple[str, str], int] = {}
         for d, r, t, m, state, tries in rows:
@@ -580,10 +589,12 @@ class GraphBuilder:
 
         if not runs:
             return {}
-        run_rows = session.execute(
-            select(DagRun.dag_id, DagRun.run_id, DagRun.start_date)
-            .where(or_(*(and_(DagRun.dag_id == d, DagRun.run_id == r) for d, r in runs)))
-        ).all()
+        run_rows: list[Any] = []
+        for chunk in _chunks(runs):
+            run_rows.extend(session.execute(
+                select(DagRun.dag_id, DagRun.run_id, DagRun.start_date)
+                .where(or_(*(and_(DagRun.dag_id == d, DagRun.run_id == r) for d, r in chunk)))
+            ).all())
         ages = {f"{d}/{r}": max(time.time() - start.timestamp(), 0.0) if start else 0.0 for d, r, start in run_rows}
         return {f"{d}/{r}": ages.get(f"{d}/{r}", 0.0) for d, r in runs}
 
@@ -782,3 +793,9 @@ def _progress(rows: Iterable[tuple[str, str, int, str]], ages: Mapping[str, floa
                         running=tuple(sorted(running[key] - finished[key])), age_s=ages[key])
             for key in sorted(finished)]
 
+
+def _chunks(runs: set[tuple[str, str]], size: int = 200) -> list[list[tuple[str, str]]]:
+    """``runs`` sorted, in lists of at most ``size``: OR lists SQLite can parse (its expression
+    depth is 1,000), as :func:`worker_starts` reads them."""
+    ordered = sorted(runs)
+    return [ordered[i:i + size] for i in range(0, len(ordered), size)]
