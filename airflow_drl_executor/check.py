@@ -201,10 +201,13 @@ def probe_request(catalogue: Any) -> tuple[Any, dict[str, Any]]:
 def check_round_trip(cfg: Any, catalogue: Any) -> Finding:
     from airflow_drl_executor.client import PlacementClient, PlacementUnavailable
 
-    client = PlacementClient(cfg.redis_url, prefix=cfg.key_prefix, ca_cert=cfg.redis_ca_cert or None,
-                             timeout_ms=cfg.decision_timeout_ms, stale_after_s=cfg.server_stale_after_s,
-                             backoff_max_s=cfg.reconnect_backoff_max_s)
     request, graphs = probe_request(catalogue)
+    try:  # the client too, as the executor makes it (found by review: built outside, its errors escaped)
+        client = PlacementClient(cfg.redis_url, prefix=cfg.key_prefix, ca_cert=cfg.redis_ca_cert or None,
+                                 timeout_ms=cfg.decision_timeout_ms, stale_after_s=cfg.server_stale_after_s,
+                                 backoff_max_s=cfg.reconnect_backoff_max_s, max_request_bytes=cfg.max_request_bytes)
+    except Exception as exc:  # noqa: BLE001
+        return Finding("round trip", FAIL, f"cannot make the executor's client: {type(exc).__name__}: {exc}")
     try:
         t0 = time.perf_counter()
         reply = client.place(request, graphs)
@@ -220,6 +223,11 @@ def check_round_trip(cfg: Any, catalogue: Any) -> Finding:
     if foreign:
         return Finding("round trip", FAIL, f"{reply.policy} {reply.policy_version} placed the probe on "
                                            f"{', '.join(foreign)}, not a pool of the request")
+    asked = {r.key for r in request.ready}
+    stray = sorted(f"{d.run_key}/{d.task_id}" for d in reply.decisions if (d.run_key, d.task_id) not in asked)
+    if stray:  # found by review: a server answering for other tasks passed as OK
+        return Finding("round trip", FAIL, f"{reply.policy} {reply.policy_version} answered for "
+                                           f"{_printable(', '.join(stray))}, not the probe's ready task")
     placed = "; ".join(f"{d.task_id} -> {d.pool} ({d.reason[:160]})" if d.reason else f"{d.task_id} -> {d.pool}"
                        for d in reply.decisions) or "held (wait for a better pool)"
     return Finding("round trip", OK, f"{reply.policy} {reply.policy_version} answered in {ms:.1f} ms: {placed}")

@@ -52,3 +52,50 @@ def test_every_detail_is_printable_whatever_a_heartbeat_holds(docs: dict[bytes, 
     found = check_servers(CFG, FakeRedis(beats))
     assert found.status == "warn", found
     found.detail.encode("utf-8")
+
+
+class _FakeClient:
+    """Stands in for PlacementClient in check_round_trip: answers with ``decide(request)``."""
+
+    decide: Any = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if _FakeClient.decide is None:
+            raise ValueError("Invalid value for 'db' in connection URL.")
+
+    def place(self, request: Any, graphs: Any) -> Any:
+        return _FakeClient.decide(request)
+
+    def close(self) -> None:
+        pass
+
+
+def _round_trip(monkeypatch: pytest.MonkeyPatch, decide: Any) -> Any:
+    from airflow_drl_executor import client as client_mod
+    from airflow_drl_executor.check import check_round_trip
+    from airflow_drl_executor.config import ExecutorConfig, packaged_catalogue
+    from policy.catalogue import load_catalogue
+
+    monkeypatch.setattr(client_mod, "PlacementClient", _FakeClient)
+    monkeypatch.setattr(_FakeClient, "decide", decide)
+    return check_round_trip(ExecutorConfig(), load_catalogue(packaged_catalogue()))
+
+
+def test_the_round_trip_fails_when_the_server_answers_for_other_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: only the pools were checked, so decisions for tasks the probe never asked
+    about (a server answering another request) passed as OK."""
+    from policy.schema import Decision, PlacementReply
+
+    def decide(request: Any) -> PlacementReply:
+        pool = request.pools[0]
+        return PlacementReply(request.request_id, (Decision("other/run", "x", pool.name, pool.vm_class),),
+                              policy="gnn", policy_version="v")
+
+    found = _round_trip(monkeypatch, decide)
+    assert found.status == "fail" and "other/run/x" in found.detail, found
+
+
+def test_the_round_trip_reports_a_client_it_cannot_make(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: the client was made outside the check's try, so its error escaped the check."""
+    found = _round_trip(monkeypatch, None)
+    assert found.status == "fail" and "cannot make the executor's client" in found.detail, found
