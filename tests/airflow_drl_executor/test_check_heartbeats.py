@@ -1,6 +1,7 @@
-"""Review of the deployment check's policy-server finding (airflow_drl_executor/check.py), which
-the placements page shows too (plugin._serving): odd heartbeats in Redis must be reported, never
-crash the command or the page. A fake Redis, no Airflow needed."""
+"""The deployment check's policy-server and round-trip findings (airflow_drl_executor/check.py),
+which the placements page shows too (plugin._serving): odd heartbeats in Redis and odd replies
+are reported, never crash the command or the page (found by review). A fake Redis and a fake
+client, no Airflow needed."""
 
 from __future__ import annotations
 
