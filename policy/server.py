@@ -78,6 +78,7 @@ from policy.schema import (
     PlacementRequest,
     RunGraph,
     RunRef,
+    _finite,
     dumps,
     loads_json,
 )
@@ -428,7 +429,10 @@ class PolicyServer:
         if not entries:
             # an idle replica wakes for its next sweep: a crashed replica's requests are taken over
             # within claim_interval_s, not block_ms (found by review: up to 300 ms, past the deadline)
-            block = min(self.config.block_ms, max(1, math.ceil((self._next_claim - time.monotonic()) * 1000)))
+            # and for its next heartbeat (found by review: block_ms 5000 with heartbeat_s 0.2 left a
+            # live idle replica's heartbeat 5 s old, taken for dead after 0.6 s)
+            wake = min(self._next_claim, self._next_heartbeat)
+            block = min(self.config.block_ms, max(1, math.ceil((wake - time.monotonic()) * 1000)))
             entries = self._read(r, self.config.batch_max, block)
         # when each entry was read (found by review: stamped in handle(), after the batch wait,
         # so request_seconds and server_ms left out the up to batch_wait_ms a request waited)
@@ -444,7 +448,7 @@ class PolicyServer:
                     read_at.update(dict.fromkeys((eid for eid, _ in more), time.perf_counter()))
                     continue
                 left = until - time.monotonic()
-                if left <= 0:
+                if left <= 0 or self._stop.is_set():  # found by review: stop() made this loop spin on Redis
                     break
                 self._stop.wait(min(left, _BATCH_POLL_S))
         if not entries:
@@ -704,6 +708,8 @@ class PolicyServer:
             return False
         if not isinstance(deadline_ms, (int, float)) or isinstance(deadline_ms, bool):
             deadline_ms = _DEFAULT_DEADLINE_MS
+        if not _finite(deadline_ms) or deadline_ms < 0 or not _finite(created_at):
+            return False  # the schema refuses it: a bad_request reply (found by review: -1000 was late, dropped)
         if self._clock_offset is not None and job.entry_ms is not None:
             return self.redis_now() * 1000 > job.entry_ms + deadline_ms
         return time.time() > created_at + deadline_ms / 1000
@@ -830,7 +836,16 @@ class PolicyServer:
             elif job.reply is None:
                 args += [job.entry_id, "", ""]
             else:
-                args += [job.entry_id, self.keys.reply(job.reply.request_id), dumps(job.reply)]
+                try:  # each reply on its own (found by review: one that could not be encoded, a
+                    # placer's numpy score, dropped its whole batch unanswered)
+                    payload = dumps(job.reply)
+                except Exception as exc:  # noqa: BLE001 - an internal error reply in its place
+                    log.exception("request %s: its reply cannot be encoded", job.request_id)
+                    job.reply = PlacementReply(request_id=job.reply.request_id, policy=self.placer.name,
+                                               policy_version=self.placer.version, error_code="internal",
+                                               error=f"the reply cannot be encoded: {type(exc).__name__}")
+                    payload = dumps(job.reply)
+                args += [job.entry_id, self.keys.reply(job.reply.request_id), payload]
                 answered.append(job)
         lost = set(self._reply_script(keys=[self.keys.requests], args=args))
         done = time.perf_counter()
