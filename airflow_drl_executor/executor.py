@@ -906,7 +906,7 @@ class DRLExecutor(CeleryExecutor):
                     traces.ensure_schema(conn.engine)
                     self._traces_ready = True
                 self._insert(conn, self._unwritten)
-        except (SQLAlchemyError, ValueError, TypeError, OverflowError) as exc:  # (_DRIVER_VALUE_ERRORS)
+        except _WRITE_ERRORS as exc:
             if _refused_for_content(exc):
                 self._write_each()
                 return
@@ -950,7 +950,7 @@ class DRLExecutor(CeleryExecutor):
                 with create_session(scoped=False) as session:
                     conn = session.connection()
                     self._insert(conn, chunk)
-            except (SQLAlchemyError, ValueError, TypeError, OverflowError) as exc:  # (_DRIVER_VALUE_ERRORS)
+            except _WRITE_ERRORS as exc:
                 if not _refused_for_content(exc):
                     kept = chunk + [row for rest in pending for row in rest]
                     self.log.warning("DRLExecutor: %d placement trace(s) not written, retried at the next heartbeat: "
@@ -1026,6 +1026,8 @@ def _up(spec: Any, live: Mapping[str, int] | None) -> bool:
 #: NUL in a string is a ValueError; sqlite3: an integer past 64 bits an OverflowError): found by
 #: review, they went up through the heartbeat and out of the scheduler
 _DRIVER_VALUE_ERRORS: tuple[type[Exception], ...] = (ValueError, TypeError, OverflowError)
+#: what a trace write may raise: the database's refusals and those
+_WRITE_ERRORS: tuple[type[Exception], ...] = (SQLAlchemyError, *_DRIVER_VALUE_ERRORS)
 
 
 def _refused_for_content(exc: Exception) -> bool:

@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -46,6 +46,8 @@ from policy.schema import (
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
+
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -662,13 +664,12 @@ def worker_starts(session: Session, tries: Collection[tuple[str, str, str, int, 
     runs: dict[tuple[str, str], set[str]] = {}
     for dag_id, task_id, run_id, _, _ in wanted:
         runs.setdefault((dag_id, run_id), set()).add(task_id)
-    pairs = sorted(runs.items())
     rows: list[Any] = []
-    for i in range(0, len(pairs), 200):  # bounded OR lists (SQLite's expression depth is 1,000)
+    for chunk in _chunks(runs.items()):  # bounded OR lists (SQLite's expression depth is 1,000)
         rows.extend(session.execute(
             select(Log.dag_id, Log.task_id, Log.run_id, Log.map_index, Log.try_number, func.max(Log.dttm))
             .where(Log.event == "running", or_(*(and_(Log.dag_id == d, Log.run_id == r, Log.task_id.in_(sorted(t)))
-                                                 for (d, r), t in pairs[i:i + 200])))
+                                                 for (d, r), t in chunk)))
             .group_by(Log.dag_id, Log.task_id, Log.run_id, Log.map_index, Log.try_number)
         ).all())
     out = {}
@@ -794,8 +795,8 @@ def _progress(rows: Iterable[tuple[str, str, int, str]], ages: Mapping[str, floa
             for key in sorted(finished)]
 
 
-def _chunks(runs: set[tuple[str, str]], size: int = 200) -> list[list[tuple[str, str]]]:
-    """``runs`` sorted, in lists of at most ``size``: OR lists SQLite can parse (its expression
-    depth is 1,000), as :func:`worker_starts` reads them."""
-    ordered = sorted(runs)
+def _chunks(items: Iterable[_T], size: int = 200) -> list[list[_T]]:
+    """``items`` sorted, in lists of at most ``size``: OR lists SQLite can parse (its expression
+    depth is 1,000)."""
+    ordered = sorted(items)  # type: ignore[type-var]
     return [ordered[i:i + size] for i in range(0, len(ordered), size)]

@@ -134,8 +134,7 @@ class Spool:
                 log.error("DRLExecutor: cannot read the unwritten placements of %s (left in place): %s", data, exc)
                 os.close(fd)
                 continue
-            why = [None if all(k in r for k in _REQUIRED) else "a column is missing" for r in found]
-            why = [w or row_problem(r) for w, r in zip(why, found, strict=True)]
+            why = [row_problem(r) if all(k in r for k in _REQUIRED) else "a column is missing" for r in found]
             bad = [r for r, w in zip(found, why, strict=True) if w]
             if bad:  # a file written by hand or by something else: kept aside, never the scheduler's end
                 log.error("DRLExecutor: %d row(s) of %s are not placements the DB can take (set aside in %s),"

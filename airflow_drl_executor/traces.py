@@ -40,6 +40,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection, Engine
 
+from policy.schema import _finite as finite_number
+
 log = logging.getLogger(__name__)
 
 metadata = MetaData()
@@ -211,7 +213,7 @@ def row_problem(row: dict[str, Any]) -> str | None:
             if isinstance(value, bool) or not isinstance(value, int) or not _INT_RANGE[0] <= value <= _INT_RANGE[1]:
                 return f"{name} {value!r} is not a 32-bit integer"
         elif isinstance(kind, Float):
-            if isinstance(value, bool) or not isinstance(value, int | float) or not _finite_number(value):
+            if not finite_number(value):  # (not a boolean; a 400-digit integer is not finite either)
                 return f"{name} {value!r} is not a finite number"
         elif isinstance(kind, DateTime):
             if not isinstance(value, dt.datetime) or value.tzinfo is None:
@@ -226,13 +228,6 @@ def row_problem(row: dict[str, Any]) -> str | None:
         elif name in _LENGTHS and len(value) > _LENGTHS[name]:
             return f"{name} is longer than its column's {_LENGTHS[name]} characters"
     return None
-
-
-def _finite_number(x: int | float) -> bool:
-    try:
-        return math.isfinite(x)
-    except OverflowError:  # an integer past a float's range
-        return False
 
 
 #: the scalar default of the columns that have one

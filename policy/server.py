@@ -841,10 +841,10 @@ class PolicyServer:
                     payload = dumps(job.reply)
                 except Exception as exc:  # noqa: BLE001 - an internal error reply in its place
                     log.exception("request %s: its reply cannot be encoded", job.request_id)
-                    job.reply = PlacementReply(request_id=job.reply.request_id, policy=self.placer.name,
-                                               policy_version=self.placer.version, error_code="internal",
-                                               error=f"the reply cannot be encoded: {type(exc).__name__}")
-                    payload = dumps(job.reply)
+                    reply = self._error(job, "internal", f"the reply cannot be encoded: {type(exc).__name__}")
+                    assert reply is not None  # a request with an id: it had a reply
+                    job.reply = reply
+                    payload = dumps(reply)
                 args += [job.entry_id, self.keys.reply(job.reply.request_id), payload]
                 answered.append(job)
         lost = set(self._reply_script(keys=[self.keys.requests], args=args))

@@ -30,6 +30,7 @@ from typing import Any
 from policy.catalogue import PACKAGED_CATALOGUES, load_catalogue
 from policy.checkpoint import Checkpoint, load_checkpoint, save_ensemble
 from policy.errors import CheckpointError, SchemaError, WorkloadError
+from trainer.options import nearest_existing
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,7 +103,7 @@ def _check_members(members: Sequence[Checkpoint], out: Path) -> None:
         raise CheckpointError(f"--out {out}: that is member {clash[0]}; write the ensemble elsewhere")
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"--out {out}: a file is there; an ensemble is a folder")
-    above = next((p for p in out.absolute().parents if p.exists()), None)
+    above = nearest_existing(out.absolute())
     if above is not None and not above.is_dir():  # found by review: a traceback after the members loaded
         raise CheckpointError(f"--out {out}: {above} is a file, not a folder to write the ensemble in")
     seen: dict[str, str] = {}

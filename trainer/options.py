@@ -123,11 +123,16 @@ def output_file(text: str) -> str:
     return text
 
 
+def nearest_existing(path: Path) -> Path | None:
+    """``path`` or the nearest path above it that exists (None: not even the working folder)."""
+    return next((p for p in (path, *path.parents) if p.exists()), None)
+
+
 def output_folder(text: str) -> str:
     """An argparse type: a folder files are written into, made (with its parents) if missing;
     refused when it, or the nearest path above it that exists, is not a writable folder."""
     path = Path(text)
-    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    existing = nearest_existing(path)
     if existing is None:  # not even the working folder (removed): mkdir will say so
         return text
     if not existing.is_dir():

@@ -411,8 +411,7 @@ class Simulator:
             p = self._pool_index[o.pool]
             # after every other event of its instant (found by review: a try finishing exactly as
             # the outage began was killed, its whole run time spent, and retried)
-            self._seq += 1
-            heapq.heappush(self._heap, (o.start_s, self._seq + _AFTER_ALL, _DOWN, p, 0, 0))
+            self._push(o.start_s, _DOWN, p, last=True)
             self._push(o.end_s, _UP, p)
         for k, s in sorted(enumerate(cfg.slowdowns), key=lambda ks: ks[1].start_s):
             p = self._pool_index[s.pool]
@@ -500,9 +499,10 @@ class Simulator:
 
     # --- event loop ------------------------------------------------------------------------------
 
-    def _push(self, t: float, kind: int, a: int = 0, b: int = 0, c: int = 0) -> None:
+    def _push(self, t: float, kind: int, a: int = 0, b: int = 0, c: int = 0, *, last: bool = False) -> None:
+        """Schedule an event; events of one instant run as pushed, those pushed ``last`` after all others."""
         self._seq += 1
-        heapq.heappush(self._heap, (t, self._seq, kind, a, b, c))
+        heapq.heappush(self._heap, (t, self._seq + (_AFTER_ALL if last else 0), kind, a, b, c))
 
     def _advance(self) -> PlacementRequest | None:
         heap = self._heap

@@ -80,7 +80,7 @@ from policy.registry import OBJECTIVES
 from policy.schema import Decision, PlacementRequest, RunGraph
 from trainer.baselines import make_placer
 from trainer.metrics import Bounds, summarize
-from trainer.options import finite_at_least, int_at_least, policy_names
+from trainer.options import finite_at_least, int_at_least, nearest_existing, policy_names
 from trainer.simulator import Job, SimConfig, Simulator
 from trainer.workloads import ArrivalSpec, load_templates, make_jobs
 
@@ -631,7 +631,7 @@ def train(args: Args) -> dict[str, Any]:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"--out {out}: a file is there; a checkpoint is a folder")
-    above = next((p for p in out.absolute().parents if p.exists()), None)
+    above = nearest_existing(out.absolute())
     if above is not None and not above.is_dir():  # found by review: NotADirectoryError after the work
         raise CheckpointError(f"--out {out}: {above} is a file, not a folder to make the checkpoint in")
     # every input is read before --out is touched (found by review: a rerun refused for a typo in
