@@ -70,6 +70,10 @@ def test_a_refused_graph_is_not_taken_for_sent(redis_url: str,
     for rid in ("r1", "r2"):  # each time the full graph, refused: never a RunRef, never unknown_graph
         with pytest.raises(PlacementUnavailable, match="bad_request.*exceeds the limit of 4096"):
             client.place(_request(rid, run=g.run_key, task="task-0000"), {g.run_key: g})
+    # counted once its reply is written, just after the client can read it: wait for the count
+    deadline = time.monotonic() + 5
+    while server.metrics.requests.labels(outcome="bad_request")._value.get() < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert server.metrics.requests.labels(outcome="bad_request")._value.get() == 2
     assert server.metrics.requests.labels(outcome="unknown_graph")._value.get() == 0
 

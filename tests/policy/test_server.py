@@ -215,6 +215,9 @@ def test_bytes_that_are_not_utf8_get_bad_request_and_the_rest_of_the_batch_its_r
         assert reply is not None and reply.ok, req.request_id
     reply = wait_reply(rclient, "raw-surrogate")
     assert reply is not None and reply.error_code == "bad_request" and "JSON" in (reply.error or "")
+    deadline = time.monotonic() + 5  # counted once the replies are written, just after a client reads them
+    while rs.server.metrics.requests.labels(outcome="bad_request")._value.get() < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert rs.server.metrics.requests.labels(outcome="bad_request")._value.get() == 2
     assert rclient.xpending(KEYS.requests, KEYS.group)["pending"] == 0 and rs.thread.is_alive()
 
