@@ -142,14 +142,10 @@ def decode_greedy(
     premium_ratio: float = PREMIUM_RATIO,
     backend: str | None = None,
     weights: dict[str, np.ndarray] | None = None,
-    members: Sequence[tuple[PlacementGNN, Tensor, Tensor]] = (),
 ) -> list[Decided]:
     """Greedy decoding of every request of ``fbs`` (each with >= 1 ready row and >= 1 pool).
 
-    ``members``: an ensemble's other models, each with its own ``h_table`` / ``s_table`` (same
-    indices); their task and pool parts go beside ``model``'s along the hidden axis and
-    ``weights`` must be the stacked ones (:func:`policy.gnn.stacked_weights`), as the
-    one-request decoder reads an ensemble. Compiled steps only.
+    An ensemble is decoded as its fused model (:func:`policy.model.fuse_models`), one model.
 
     ``h_table [N, H]`` / ``s_table [U, H]`` hold the task embeddings and run summaries of every
     run involved (on the model's device); ``node_idx`` / ``run_idx`` ``[sum R_s]`` index them for
@@ -230,24 +226,15 @@ def decode_greedy(
          pool_valid, ready_x, node_idx, run_idx], device)
 
     # --- one model call per phase: task parts of all rows, pool parts of all requests ----------
-    if members and not compiled:
-        raise NotBatched("an ensemble's batched decoding needs the compiled steps (and its stacked weights)")
-    parts = [(model, h_table, s_table), *members]
-    a_rows = torch.cat([m.task_side(h[t_node], st[t_run_idx], t_ready_x) for m, h, st in parts], dim=-1)
-    a = a_rows[t_slot_row]  # [S, R, H] (an ensemble's members side by side)
+    a = model.task_side(h_table[t_node], s_table[t_run_idx], t_ready_x)[t_slot_row]  # [S, R, H]
     hidden = a.shape[-1]
     b = torch.zeros((S, P, hidden), device=device)
     g = torch.zeros((S, hidden), device=device)
     for p in sorted(set(npools)):  # requests with the same number of pools share one call
         idx = [s for s in range(S) if npools[s] == p]
         sel: slice | Tensor = slice(None) if len(idx) == S else torch.tensor(idx, device=device)
-        sides = [m.pool_side(*m.encode_pools(t_pool_x[sel, :p])) for m, _, _ in parts]
-        b[sel, :p] = torch.cat([side[0] for side in sides], dim=-1)
-        g[sel] = torch.cat([side[1] for side in sides], dim=-1)
+        b[sel, :p], g[sel] = model.pool_side(*model.encode_pools(t_pool_x[sel, :p]))
     head = model.head_weights()
-    if members:
-        assert weights is not None
-        head = {**head, "c_t": torch.from_numpy(weights["c_t"]).to(device)}
     c_t = head["c_t"]  # [F, H]
     c_dyn = c_t[dyn]  # [5, H]
     w, w_b = head["w"], head["b"]
@@ -258,9 +245,6 @@ def decode_greedy(
     if compiled:
         if weights is None:
             raise ValueError("backend='compiled' needs the model's numpy weights")
-        if members and not all(t is not None for t in tables):
-            raise NotBatched("a request too large for the compiled steps' backlog table: an ensemble decodes "
-                             "it request by request")
         if all(t is not None for t in tables) or backend == "compiled":
             pre_h, a_h, g_h = download([pre, a, g])
             return [_compiled(fb, tab, pre_h[s], a_h[s], g_h[s], x_alls[s], weights, allow_wait=allow_wait,

@@ -7,7 +7,7 @@ Prints the figures and a JSON line. Three numbers per setting, median over ``--r
 
 * ``forward_ms``: one forward pass of the model over a decision batch (task encoder over the
   whole run, pool encoder, all (ready task, pool) logits): "model only" (an ensemble's: one
-  pass of each member).
+  pass of its fused model, :func:`policy.model.fuse_models`, as the placer runs it).
 * ``place_ms``: :meth:`GNNPlacer.place` with the run's embeddings cached (the steady state of a
   server: a run's graph is encoded once), featurization, sequential decode and reason strings.
 * ``place_cold_ms``: the same with the embedding cache cleared (first request of a run).
@@ -70,13 +70,12 @@ def _bench_one(placer: GNNPlacer, pools: tuple[PoolState, ...], n: int, ready: i
 
     def forward() -> None:
         with torch.inference_mode():
-            for model in placer.models:  # an ensemble's every member
-                model(bt)
+            placer.net(bt)  # an ensemble's fused model: every member in one pass
         if placer.device.type == "cuda":
             torch.cuda.synchronize(placer.device)  # time the work, not its launch
 
     def cold() -> None:
-        placer.clear_cache()
+        placer.clear_embeddings()  # not clear_cache: an ensemble's would be fused again
         placer.place(req, graphs)
 
     return {

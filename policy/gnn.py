@@ -45,8 +45,9 @@ How a batch is decided
 
 Ensembles
     :meth:`GNNPlacer.with_members` (or a checkpoint written by ``drl-trainer ensemble``) averages
-    several models' logits at every step: one wider head (:func:`stacked_weights`), decoded as
-    one model, under the first model's settings.
+    several models' logits at every step: their fused model (:func:`~policy.model.fuse_models`,
+    one wider network whose logits are the members' mean), run and decoded as one model, under
+    the first model's settings: one forward pass for the ensemble, not one a member.
 
 The reason string
     :func:`attribute` is the attribution machinery shared with ``drl-trainer explain``:
@@ -97,7 +98,7 @@ from policy.features import (
     reserves,
 )
 from policy.lru import LRU
-from policy.model import NEG_INF, PlacementGNN, Step, greedy_choice
+from policy.model import NEG_INF, PlacementGNN, Step, fuse_models, greedy_choice
 from policy.placement import down_note, unfit
 from policy.schema import Decision, PlacementRequest, RunGraph
 
@@ -177,7 +178,9 @@ class GNNPlacer:
         self.rng = np.random.default_rng(seed)
         self._embed: LRU[tuple[str, str], tuple[Tensor, Tensor]] = LRU(_EMBED_CACHE_SIZE)
         self._pools: LRU[bytes, tuple[np.ndarray, np.ndarray]] = LRU(_POOL_CACHE_SIZE)
-        self._weights = self.model.numpy_weights()
+        #: the network the placer runs: its model, or its ensemble's fused model (:meth:`with_members`)
+        self.net = self.model
+        self._weights = self.net.numpy_weights()
         #: arrays of place_many's batched steps: None (numpy on a CPU, torch tensors on a GPU),
         #: "numpy" or "torch" (tests run the GPU's code on the CPU with "torch")
         self.batch_backend: str | None = None
@@ -215,35 +218,33 @@ class GNNPlacer:
         """This placer as an ensemble: at every step the logits of each (task, pool) pair and of
         stop are the mean over this model and ``members``' models (``(version, model)`` pairs, as
         :attr:`policy.checkpoint.Checkpoint.members` lists them; a product of their distributions),
-        read on the same features and under this placer's guards, masks and gates. The members' head
-        parts sit side by side under :func:`stacked_weights`, so the one-request steps (compiled
-        or numpy) decode it as one wider model and the reasons' evidence is the members' mean;
-        :meth:`place_many` decides its requests one by one. Returns ``self``."""
+        read on the same features and under this placer's guards, masks and gates. It runs their
+        fused model (:attr:`net`, :func:`~policy.model.fuse_models`): one forward for all members,
+        decoded by every path (one request, compiled or numpy; :meth:`place_many`'s batches) as one
+        wider model, the reasons' evidence the members' mean. Returns ``self``."""
         self.members = [GNNPlacer(m, version=v, device=str(self.device), explain=False, step_kernel="numpy")
                         for v, m in members]
         self.version = "+".join([self.version, *(v for v, _ in members)])
-        self._weights = self._head_weights()
+        self.clear_cache()  # embeddings cached so far are the first model's alone
         return self
 
     def clear_cache(self) -> None:
-        """Forget cached run embeddings and weights (call after changing the model's weights)."""
+        """Forget cached run embeddings and weights (call after changing the model's weights, or
+        a member's: an ensemble is fused again)."""
+        self.clear_embeddings()
+        self.net = fuse_models(self.models).to(self.device).eval() if self.members else self.model
+        self._weights = self.net.numpy_weights()
+
+    def clear_embeddings(self) -> None:
+        """Forget cached run embeddings and pool parts, not the weights: what a run's first
+        request meets (``python -m policy.bench_model``'s cold figure)."""
         self._embed.clear()
         self._pools.clear()
-        for m in self.members:
-            m.clear_cache()
-        self._weights = self._head_weights()
-
-    def _head_weights(self) -> dict[str, np.ndarray]:
-        """The numpy head and stop weights the steps read: the model's, or its ensemble's stacked."""
-        weights = self.model.numpy_weights()
-        return stacked_weights([weights] + [m._weights for m in self.members]) if self.members else weights
 
     def forget_run(self, key: tuple[str, str]) -> None:
-        """Drop the cached embeddings of run ``(run_key, digest)`` (its graph left the server's cache),
-        its ensemble members' too (found by review: they kept theirs, up to 512 runs each)."""
+        """Drop the cached embeddings of run ``(run_key, digest)`` (its graph left the server's cache;
+        an ensemble's are its fused model's, found by review: its members kept theirs once)."""
         self._embed.discard(key)
-        for m in self.members:
-            m.forget_run(key)
 
     # --- decoding ------------------------------------------------------------------------------
 
@@ -258,7 +259,7 @@ class GNNPlacer:
                 x = torch.from_numpy(rf.x).to(self.device)
                 ei = torch.from_numpy(rf.edge_index).to(self.device)
                 node_run = torch.zeros(rf.num_nodes, dtype=torch.long, device=self.device)
-                h, s = self.model.encode_graph(x, ei, node_run, 1)
+                h, s = self.net.encode_graph(x, ei, node_run, 1)
                 hit = self._embed.put(key, (h, s[0]))
             h_rows.append(hit[0])
             s_rows.append(hit[1])
@@ -273,16 +274,11 @@ class GNNPlacer:
 
     def _head_parts(self, fb: FeatureBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(a [R, H], g [H], b [P, H])``: the task and pool sides of the first head layer and
-        the cluster summary for ``fb``'s ready tasks; an ensemble's side by side (``H`` the sum
-        of its members' widths, read by :func:`stacked_weights`)."""
+        the cluster summary for ``fb``'s ready tasks, of :attr:`net` (an ensemble's fused model)."""
         h_ready, s_ready = self._run_embeddings(fb)
         ready_x = torch.from_numpy(fb.ready_x).to(self.device)
         b_np, g_np = self._pool_parts(fb.pool_x)
-        a_np = self.model.task_side(h_ready, s_ready, ready_x).cpu().numpy()
-        if not self.members:
-            return a_np, g_np, b_np
-        parts = [(a_np, g_np, b_np)] + [m._head_parts(fb) for m in self.members]
-        return tuple(np.concatenate(x, axis=-1) for x in zip(*parts, strict=True))  # type: ignore[return-value]
+        return self.net.task_side(h_ready, s_ready, ready_x).cpu().numpy(), g_np, b_np
 
     def _pool_parts(self, pool_x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(b [P, H], g [H])``: the pool side of the head and the cluster summary, cached by the
@@ -291,7 +287,7 @@ class GNNPlacer:
         hit = self._pools.get(key)
         if hit is not None:
             return hit
-        b, g = self.model.pool_side(*self.model.encode_pools(torch.from_numpy(pool_x).to(self.device).unsqueeze(0)))
+        b, g = self.net.pool_side(*self.net.encode_pools(torch.from_numpy(pool_x).to(self.device).unsqueeze(0)))
         return self._pools.put(key, (b[0].cpu().numpy(), g[0].cpu().numpy()))
 
     def features(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> FeatureBatch:
@@ -441,14 +437,13 @@ class GNNPlacer:
         requests together (:mod:`policy.batch_decoder`). The decisions are those of :meth:`place`
         for each request. A lone request (or ``temperature > 0``, whose samples follow
         :meth:`place`'s generator) takes the one-request path, which is faster for one. An
-        ensemble is batched too on the compiled steps (its members' parts side by side, read by
-        the stacked weights, as the one-request path reads them), else request by request.
+        ensemble is batched as its fused model, as one model is.
         """
         if len(requests) != len(graphs):
             raise ValueError(f"place_many: {len(requests)} requests but {len(graphs)} graph maps")
         fbs = [self.features(r, g) for r, g in zip(requests, graphs, strict=True)]
         batched = [i for i, fb in enumerate(fbs) if fb.num_ready and fb.num_pools]
-        if self.temperature > 0 or len(batched) < 2 or (self.members and self.step_kernel != "compiled"):
+        if self.temperature > 0 or len(batched) < 2:
             return [self._decisions(dec, dec.placed_order)
                     for dec in (self._decode_features(fb, self.temperature) for fb in fbs)]
         out: list[list[Decision]] = [[] for _ in fbs]
@@ -458,9 +453,8 @@ class GNNPlacer:
                 out[i] = self._decisions(dec, dec.placed_order)
         group = [fbs[i] for i in batched]
         h_table, s_table, node_idx, run_idx = self._embeddings_many(group)
-        members = [(m.model, *m._embeddings_many(group)[:2]) for m in self.members]
         try:
-            decided = decode_greedy(self.model, group, h_table, s_table, node_idx, run_idx, members=members,
+            decided = decode_greedy(self.net, group, h_table, s_table, node_idx, run_idx,
                                     allow_wait=self.allow_wait, hold_ratio=self.hold_ratio,
                                     reserve_busy=self.reserve_busy, premium_ratio=self.premium_ratio,
                                     backend=self.batch_backend,
@@ -503,7 +497,7 @@ class GNNPlacer:
             ei = np.concatenate([rf.edge_index + o for (_, rf), o in zip(new, offs, strict=True)], axis=1)
             node_run = np.repeat(np.arange(len(new), dtype=np.int64), sizes)
             tx, tei, tnr = upload([x, ei, node_run], self.device)
-            h, summary = self.model.encode_graph(tx, tei, tnr, len(new))
+            h, summary = self.net.encode_graph(tx, tei, tnr, len(new))
             for (pos, rf), h_run, s_run in zip(new, h.split(sizes), summary, strict=True):
                 if len(new) > 1:
                     # its own storage (found by review: a slice of the batch's tensor kept every
@@ -555,37 +549,6 @@ class GNNPlacer:
                 )
             )
         return out
-
-
-def stacked_weights(members: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """The head and stop weights (:meth:`PlacementGNN.numpy_weights`) of one model whose logits
-    are the mean of ``members``' logits, given their head parts side by side (``a``, ``b``, ``g``
-    concatenated along the hidden axis, :meth:`GNNPlacer._head_parts`): the pair layers stacked
-    along the hidden axis and the output rows scaled by ``1/K``; the stop MLP's first layer
-    block-diagonal (each member's hidden units read its own ``[a_mean, g]``). Every step, the
-    compiled one included, then decodes the ensemble as it decodes one model."""
-    k = len(members)
-    h = [int(m["w"].shape[0]) for m in members]
-    h2 = [int(m["s2_w"].shape[0]) for m in members]
-    s0_w = np.zeros((2 * sum(h), sum(h2)), dtype=members[0]["s0_w"].dtype)
-    ra, rg, c = 0, sum(h), 0
-    for m, hi, h2i in zip(members, h, h2, strict=True):
-        s0_w[ra:ra + hi, c:c + h2i] = m["s0_w"][:hi]  # the member's mean task part ...
-        s0_w[rg:rg + hi, c:c + h2i] = m["s0_w"][hi:]  # ... and its cluster summary
-        ra, rg, c = ra + hi, rg + hi, c + h2i
-
-    def cat(key: str, axis: int = 0) -> np.ndarray:
-        return np.concatenate([m[key] for m in members], axis=axis)
-
-    return {
-        "c_t": cat("c_t", 1),
-        "w": cat("w") / np.float32(k),
-        "b": np.mean([m["b"] for m in members], axis=0).astype(members[0]["b"].dtype),
-        "s0_w": s0_w,
-        "s0_b": cat("s0_b"),
-        "s2_w": cat("s2_w") / np.float32(k),
-        "s2_b": np.mean([m["s2_b"] for m in members], axis=0).astype(members[0]["s2_b"].dtype),
-    }
 
 
 def step_kernel_choice(choice: str) -> str:

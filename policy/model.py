@@ -552,6 +552,87 @@ class PlacementGNN(nn.Module):
         return logits, value
 
 
+def fuse_models(models: Sequence[PlacementGNN]) -> PlacementGNN:
+    """One model whose pair and stop logits (and value) are the mean of ``models``' own, computed
+    in one pass: an ensemble as one wider network (hidden ``sum(H_i)``, each member's units
+    reading only its own). A layer read by every member (``task_in``, ``ready_in``, ``pool_in[0]``,
+    ``head_pair``) stacks their rows; a layer inside a member (the SAGE convolutions, ``pool_in[2]``)
+    is block-diagonal; a layer over a concatenation (``head_task`` over ``[h, s, ready]``, ``head_pool``
+    over ``[q, g]``, the first layers of stop and value over ``[a_mean, g]``) takes each member's
+    column block from the same group of the fused input; the output layers are the members' rows
+    side by side over ``K``, their biases' mean. Elementwise steps (relu, the residual, SAGE's
+    max aggregation, the run and cluster means) keep the blocks apart, so each member's units are
+    exactly its own. A member with fewer layers gets zero convolutions (``h + relu(0) = h``), one
+    of an older feature schema zero weights on the ready columns it does not read, and the row
+    bias is the mean of the members' (clamped) ``k``, 0 for a member without one.
+
+    The logits are the members' mean up to float32 rounding (a sum's order in the wider matmuls):
+    :class:`~policy.gnn.GNNPlacer` decodes an ensemble with it, one forward instead of ``K``."""
+    if not models:
+        raise ValueError("fuse_models: no models")
+    k = len(models)
+    hs = [m.config.hidden for m in models]
+    layers = max(m.config.layers for m in models)
+    row_bias = any(m.config.row_bias for m in models)
+    with torch.random.fork_rng(devices=[]):  # its initial weights are all replaced: draw nothing of the caller's
+        fused = PlacementGNN(ModelConfig(hidden=sum(hs), layers=layers, row_bias=row_bias),
+                             max(m.schema_version for m in models))
+    states = [{n: t.detach().float().cpu() for n, t in m.state_dict().items()} for m in models]
+
+    def stack(name: str) -> Tensor:  # rows of each member, columns padded to the widest input
+        width = max(s[name].shape[1] for s in states)
+        return torch.cat([nn.functional.pad(s[name], (0, width - s[name].shape[1])) for s in states])
+
+    def diag(name: str) -> Tensor:  # a member's own units only (zeros for a layer it lacks)
+        return torch.block_diag(*(s.get(name, torch.zeros(h, h)) for s, h in zip(states, hs, strict=True)))
+
+    def grouped(name: str, groups: int) -> Tensor:  # [member blocks of group 0 | ... of group g-1]
+        out = torch.zeros(sum(hs), groups * sum(hs))
+        r = 0
+        for s, h in zip(states, hs, strict=True):
+            for grp in range(groups):
+                c = grp * sum(hs) + r
+                out[r:r + h, c:c + h] = s[name][:, grp * h:(grp + 1) * h]
+            r += h
+        return out
+
+    def cat(name: str) -> Tensor:  # biases (zeros for a layer a member lacks)
+        return torch.cat([s.get(name, torch.zeros(hi)) for s, hi in zip(states, hs, strict=True)])
+
+    def out_row(name: str) -> Tensor:
+        return torch.cat([s[name] for s in states], dim=1) / k
+
+    def out_bias(name: str) -> Tensor:
+        return torch.stack([s[name] for s in states]).mean(dim=0)
+
+    new: dict[str, Tensor] = {
+        "task_in.weight": stack("task_in.weight"), "task_in.bias": cat("task_in.bias"),
+        "pool_in.0.weight": stack("pool_in.0.weight"), "pool_in.0.bias": cat("pool_in.0.bias"),
+        "pool_in.2.weight": diag("pool_in.2.weight"), "pool_in.2.bias": cat("pool_in.2.bias"),
+        "ready_in.weight": stack("ready_in.weight"), "ready_in.bias": cat("ready_in.bias"),
+        "head_task.weight": grouped("head_task.weight", 3), "head_task.bias": cat("head_task.bias"),
+        "head_pool.weight": grouped("head_pool.weight", 2),
+        "head_pair.weight": stack("head_pair.weight"),
+        "head_out.weight": out_row("head_out.weight"), "head_out.bias": out_bias("head_out.bias"),
+    }
+    for head in ("stop", "value"):
+        new[f"{head}.0.weight"] = grouped(f"{head}.0.weight", 2)
+        new[f"{head}.0.bias"] = cat(f"{head}.0.bias")
+        new[f"{head}.2.weight"] = out_row(f"{head}.2.weight")
+        new[f"{head}.2.bias"] = out_bias(f"{head}.2.bias")
+    for i in range(layers):
+        new[f"convs.{i}.lin_l.weight"] = diag(f"convs.{i}.lin_l.weight")
+        new[f"convs.{i}.lin_l.bias"] = cat(f"convs.{i}.lin_l.bias")
+        new[f"convs.{i}.lin_r.weight"] = diag(f"convs.{i}.lin_r.weight")
+    if row_bias:
+        new["row_k"] = torch.stack([m.row_k.detach().float().cpu().clamp(-ROW_BIAS_MAX, ROW_BIAS_MAX)
+                                    if m.config.row_bias else torch.zeros(1) for m in models]).mean(dim=0)
+    fused.load_state_dict(new)
+    fused.untrained_inputs = tuple(n for n in models[0].untrained_inputs
+                                   if all(n in m.untrained_inputs for m in models))
+    return fused.to(next(models[0].parameters()).device).eval()
+
+
 def check_row_bias_weight(k: float) -> None:
     """Refuse a row bias's weight that is not finite or outside ``+-ROW_BIAS_MAX`` (where the
     clamp, and so the fold into one hidden unit, would change it)."""
