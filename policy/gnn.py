@@ -232,7 +232,7 @@ class GNNPlacer:
         """Forget cached run embeddings and weights (call after changing the model's weights, or
         a member's: an ensemble is fused again)."""
         self.clear_embeddings()
-        self.net = fuse_models(self.models).to(self.device).eval() if self.members else self.model
+        self.net = fuse_models(self.models) if self.members else self.model  # on the model's device, in eval mode
         self._weights = self.net.numpy_weights()
 
     def clear_embeddings(self) -> None:

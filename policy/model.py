@@ -572,26 +572,27 @@ def fuse_models(models: Sequence[PlacementGNN]) -> PlacementGNN:
         raise ValueError("fuse_models: no models")
     k = len(models)
     hs = [m.config.hidden for m in models]
+    width = sum(hs)
     layers = max(m.config.layers for m in models)
     row_bias = any(m.config.row_bias for m in models)
     with torch.random.fork_rng(devices=[]):  # its initial weights are all replaced: draw nothing of the caller's
-        fused = PlacementGNN(ModelConfig(hidden=sum(hs), layers=layers, row_bias=row_bias),
+        fused = PlacementGNN(ModelConfig(hidden=width, layers=layers, row_bias=row_bias),
                              max(m.schema_version for m in models))
     states = [{n: t.detach().float().cpu() for n, t in m.state_dict().items()} for m in models]
 
     def stack(name: str) -> Tensor:  # rows of each member, columns padded to the widest input
-        width = max(s[name].shape[1] for s in states)
-        return torch.cat([nn.functional.pad(s[name], (0, width - s[name].shape[1])) for s in states])
+        cols = max(s[name].shape[1] for s in states)
+        return torch.cat([nn.functional.pad(s[name], (0, cols - s[name].shape[1])) for s in states])
 
     def diag(name: str) -> Tensor:  # a member's own units only (zeros for a layer it lacks)
         return torch.block_diag(*(s.get(name, torch.zeros(h, h)) for s, h in zip(states, hs, strict=True)))
 
     def grouped(name: str, groups: int) -> Tensor:  # [member blocks of group 0 | ... of group g-1]
-        out = torch.zeros(sum(hs), groups * sum(hs))
+        out = torch.zeros(width, groups * width)
         r = 0
         for s, h in zip(states, hs, strict=True):
             for grp in range(groups):
-                c = grp * sum(hs) + r
+                c = grp * width + r
                 out[r:r + h, c:c + h] = s[name][:, grp * h:(grp + 1) * h]
             r += h
         return out
