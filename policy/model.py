@@ -498,13 +498,17 @@ class PlacementGNN(nn.Module):
         torch's per-call overhead a dozen times a batch; see :mod:`policy.gnn`)."""
         return {k: v.detach().cpu().numpy().copy() for k, v in self.head_weights().items()}
 
-    def step_forward(self, st: StepTensors) -> StepScores:
+    def step_forward(self, st: StepTensors, temperature: float = 1.0) -> StepScores:
         """Decoding steps of collated requests -> :class:`StepScores`.
 
         A step's choices are its entries (remaining row, pool) plus "stop"; the softmax runs
         over each step's own choices (a segment softmax). The pool marginal sums a step's
-        probabilities per pool (a log-sum-exp per (step, pool) segment).
+        probabilities per pool (a log-sum-exp per (step, pool) segment). ``temperature``: the
+        distribution the decoder sampled from (logits / temperature; a refused stop stays
+        impossible), so PPO's ratio compares the policy that acted.
         """
+        if not temperature > 0 or not math.isfinite(temperature):
+            raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
         bt = st.bt
         h, summary = self.encode_graph(bt.x, bt.edge_index, bt.node_run, bt.num_runs)
         q, g = self.encode_pools(bt.pool_x)
@@ -516,6 +520,8 @@ class PlacementGNN(nn.Module):
         k = st.step_sample.shape[0]
         a_mean = scatter(a[st.rem_row], st.rem_step, dim=0, dim_size=k, reduce="mean")
         stop_logits = self.stop_logits(a_mean, g[st.step_sample])  # [K]
+        if temperature != 1.0:  # (at 1 the same floats as before: the imitation path)
+            entry_logits, stop_logits = entry_logits / temperature, stop_logits / temperature
         stop_logits = stop_logits.masked_fill(~st.stop_ok, NEG_INF)
         logits = torch.cat([entry_logits, stop_logits])
         index = torch.cat([st.entry_step, torch.arange(k, device=logits.device)])

@@ -46,10 +46,11 @@ divided by their standard deviation over the iteration. The value head is not us
 
 **Update.** PPO with the clipped objective (Schulman et al. 2017) over the decoding steps: every
 step of a decision point gets its advantage; ``log p_old`` comes from
-:meth:`~policy.model.PlacementGNN.step_forward` before the update (sampling is at temperature 1,
-so it is the sampling distribution), ``rl_epochs`` epochs of minibatches of ``rl_batch_requests``
-decision points, loss ``-min(ratio A, clip(ratio, 1 +- clip_coef) A) - ent_coef x entropy``; the
-entropy coefficient decays linearly from ``rl_ent_coef`` to ``rl_ent_coef_final``.
+:meth:`~policy.model.PlacementGNN.step_forward` before the update, at ``rl_temperature`` like
+the new one (the sampling distribution: the policy PPO improves is the tempered one),
+``rl_epochs`` epochs of minibatches of ``rl_batch_requests`` decision points, loss
+``-min(ratio A, clip(ratio, 1 +- clip_coef) A) - ent_coef x entropy``; the entropy coefficient
+decays linearly from ``rl_ent_coef`` to ``rl_ent_coef_final``.
 
 **Curriculum**: the episode grows from ``rl_runs_start`` to ``rl_runs_end`` DAG runs and the
 templates from the smallest ``rl_size_start`` fraction of each setting's DAGs (by task count) to
@@ -255,12 +256,14 @@ def time_baseline(times: Sequence[np.ndarray], returns: Sequence[np.ndarray]) ->
 
 
 @torch.no_grad()
-def old_log_probs(model: PlacementGNN, samples: Sequence[Sample], batch_requests: int) -> list[torch.Tensor]:
-    """``log p_old`` of every recorded step, per minibatch-sized chunk of decision points."""
+def old_log_probs(model: PlacementGNN, samples: Sequence[Sample], batch_requests: int,
+                  temperature: float = 1.0) -> list[torch.Tensor]:
+    """``log p_old`` of every recorded step, per minibatch-sized chunk of decision points, under
+    the distribution the rollouts sampled from (``temperature``)."""
     model.eval()
     out = []
     for k in range(0, len(samples), batch_requests):
-        logp = model.step_forward(collate_steps(samples[k : k + batch_requests])).logp
+        logp = model.step_forward(collate_steps(samples[k : k + batch_requests]), temperature).logp
         out.append(logp)
     return out
 
@@ -268,7 +271,7 @@ def old_log_probs(model: PlacementGNN, samples: Sequence[Sample], batch_requests
 def ppo_update(model: PlacementGNN, opt: torch.optim.Optimizer, samples: Sequence[Sample],
                advantages: np.ndarray, args: Args, ent_coef: float, rng: np.random.Generator) -> dict[str, float]:
     """PPO-clip epochs over the decision points (``advantages [D]``, one per decision point)."""
-    old = torch.cat(old_log_probs(model, samples, args.rl_batch_requests))
+    old = torch.cat(old_log_probs(model, samples, args.rl_batch_requests, args.rl_temperature))
     n_steps = np.array([len(st) for _, st in samples])
     first = np.concatenate([[0], np.cumsum(n_steps)[:-1]])
     model.train()
@@ -280,7 +283,9 @@ def ppo_update(model: PlacementGNN, opt: torch.optim.Optimizer, samples: Sequenc
             st = collate_steps([samples[i] for i in idx])
             steps = np.concatenate([np.arange(first[i], first[i] + n_steps[i]) for i in idx])
             adv = torch.from_numpy(np.repeat(advantages[idx], n_steps[idx])).float()
-            logp, entropy, *_ = model.step_forward(st)
+            # at the rollouts' temperature (found by review: scored at 1, a ratio of the
+            # untempered policy to itself weighted samples drawn from another distribution)
+            logp, entropy, *_ = model.step_forward(st, args.rl_temperature)
             logratio = logp - old[torch.from_numpy(steps)]
             ratio = logratio.exp()
             pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.rl_clip_coef, 1 + args.rl_clip_coef)).mean()

@@ -172,6 +172,44 @@ def test_bad_temperature() -> None:
         _placer(temperature=-1.0)
 
 
+@pytest.mark.parametrize("temperature", [0.25, 0.5, 3.0])
+def test_training_scores_a_sampled_step_under_the_temperature_it_was_sampled_at(temperature: float) -> None:
+    """PPO's log p_old and log p are the sampling distribution's (found by review: scored at
+    temperature 1 whatever ``--rl-temperature`` sampled at, so the ratio weighted the samples of
+    one distribution by another's probabilities). One ready task, nothing busy: the step's choices
+    are its pools (stop refused), and its tempered log-probability follows from the decoder's own
+    temperature-1 softmax ``probs``."""
+    from trainer.rl import old_log_probs
+
+    placer = _placer(temperature=temperature, seed=4)
+    req, graphs = diamond_request()
+    req = replace(req, ready=req.ready[:1])
+    for _ in range(6):
+        dec = placer.decode(req, graphs)
+        assert len(dec.steps) == 1 and dec.steps[0].action is not None and not dec.steps[0].stop_ok
+        row, pool = dec.steps[0].action[:2]
+        p1 = dec.probs[row]
+        allowed = p1 > 0
+        tempered = np.log(p1[allowed]) / temperature
+        expect = float(tempered[np.flatnonzero(allowed).tolist().index(pool)] - np.logaddexp.reduce(tempered))
+        sample = (dec.batch, dec.steps)
+        got = float(placer.model.step_forward(collate_steps([sample]), temperature).logp[0].detach())
+        assert got == pytest.approx(expect, abs=1e-4)
+        assert float(old_log_probs(placer.model, [sample], 8, temperature)[0][0]) == pytest.approx(expect, abs=1e-4)
+        assert float(placer.model.step_forward(collate_steps([sample])).logp[0].detach()) == pytest.approx(
+            float(np.log(p1[pool])), abs=1e-4)
+    assert int(allowed.sum()) > 1  # a choice to score
+
+
+def test_step_forward_refuses_a_temperature_that_is_not_positive() -> None:
+    req, graphs = diamond_request()
+    placer = _placer(temperature=1.0, seed=0)
+    dec = placer.decode(req, graphs)
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="temperature"):
+            placer.model.step_forward(collate_steps([(dec.batch, dec.steps)]), bad)
+
+
 def _same(a: list[list[Decision]], b: list[list[Decision]]) -> None:
     """Same decisions in the same dispatch order with the same reasons; scores to float32 rounding."""
     assert [[(d.run_key, d.task_id, d.pool, d.vm_class, d.reason) for d in x] for x in a] == \
