@@ -31,7 +31,7 @@ from policy.placement import Placer
 from policy.schema import PoolState, ReadyTask, TaskNode
 from trainer.baselines import make_placer
 from trainer.baselines.rules import INF, CriticalPathCost, ListScheduler, run_time
-from trainer.bench import setting_jobs
+from trainer.bench import one_torch_thread, setting_jobs
 from trainer.options import finite_at_least, float_arg, int_arg
 from trainer.simulator import SCALE_IN_RULES, SimConfig, Simulator
 
@@ -161,7 +161,7 @@ def main() -> None:
     specs = settings()
     work = [(spec, pos, args.pools, s, n, args.load, args.scale_in) for pos, spec in enumerate(specs)
             for s in args.seeds for n in names]
-    with ProcessPoolExecutor(args.jobs) as ex:
+    with ProcessPoolExecutor(args.jobs, initializer=one_torch_thread) as ex:
         results = list(ex.map(simulate, work))
     k = len(args.seeds)
     agg: dict[tuple[int, str], list] = {}
