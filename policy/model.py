@@ -520,7 +520,7 @@ class PlacementGNN(nn.Module):
         k = st.step_sample.shape[0]
         a_mean = scatter(a[st.rem_row], st.rem_step, dim=0, dim_size=k, reduce="mean")
         stop_logits = self.stop_logits(a_mean, g[st.step_sample])  # [K]
-        if temperature != 1.0:  # (at 1 the same floats as before: the imitation path)
+        if temperature != 1.0:  # skipped at 1, the imitation path (x / 1.0 is x exactly either way)
             entry_logits, stop_logits = entry_logits / temperature, stop_logits / temperature
         stop_logits = stop_logits.masked_fill(~st.stop_ok, NEG_INF)
         logits = torch.cat([entry_logits, stop_logits])
