@@ -9,6 +9,7 @@ the executor, so what the lab measures is what production runs.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
@@ -85,11 +86,16 @@ class EarliestFinishPlacer:
     Tasks are taken longest remaining critical path first; each goes to the feasible pool with the
     earliest estimated finish, ``wait + duration / effective speed``, where ``wait`` is zero while
     the pool has a free slot and otherwise grows with the backlog per slot. Tasks placed earlier in
-    the same batch count as backlog.
+    the same batch count as backlog. A pool that may still grow (``max_slots``, room left after
+    its queued tasks) waits at most its boot delay, as the ledgers of the rules and the model's
+    features count it; a pool with no slot that cannot grow never frees one (infinite wait: chosen
+    only when no other pool may run the task, and said so). Version 1 divided by one slot at
+    least: a pool scaled to zero looked like one busy slot, its wait a run time of the task, not
+    its boot (found by review).
     """
 
     name = "eft"
-    version = "heuristic-1"
+    version = "heuristic-2"
 
     def __init__(self, *, fallback: bool = False) -> None:
         self.fallback = fallback
@@ -115,21 +121,27 @@ class EarliestFinishPlacer:
         scored = []
         for p in candidates:
             run_s = task.duration_s / p.speed_for(task.kind)
-            backlog = p.busy + p.queued + extra[p.name]
-            queue = 0.0 if backlog < p.slots else (backlog - p.slots + 1) / max(p.slots, 1)
-            scored.append((queue * run_s + run_s, queue * run_s, run_s, p, queue))
+            wait_s, queue, why = _wait(p, extra[p.name], run_s)
+            scored.append((wait_s + run_s, wait_s, run_s, p, queue, why))
         # equal finishes: a pool with a free slot before one with a queue (found by review: a task
         # of 0 s finished "at 0" everywhere, and a batch of them queued behind 50 tasks on the
         # cheapest pool while another had idle slots), then the price, then the name
         scored.sort(key=lambda s: (s[0], s[4], s[3].price_per_hour, s[3].name))
-        finish, wait_s, run_s, best, _ = scored[0]
+        finish, wait_s, run_s, best, _, why = scored[0]
+        if math.isinf(finish):
+            # no candidate frees a slot: the fastest of them, the task queues for a worker
+            finish, wait_s, run_s, best, _, why = min(scored, key=lambda s: (s[2], s[3].price_per_hour, s[3].name))
+            reason = (f"{best.name} ({best.vm_class}): {why}: queued for a worker, run {run_s:.1f}s"
+                      f" at speed {best.speed_for(task.kind):g}")
+        else:
+            reason = (
+                f"{best.name} ({best.vm_class}): est. finish {finish:.1f}s = wait {wait_s:.1f}s{why}"
+                f" + run {run_s:.1f}s at speed {best.speed_for(task.kind):g}"
+            )
         extra[best.name] += 1
-        reason = (
-            f"{best.name} ({best.vm_class}): est. finish {finish:.1f}s = wait {wait_s:.1f}s"
-            f" + run {run_s:.1f}s at speed {best.speed_for(task.kind):g}"
-        )
         if len(scored) > 1:
-            reason += f"; next {scored[1][3].name} {scored[1][0]:.1f}s"
+            nxt = next(s for s in scored if s[3] is not best)
+            reason += f"; next {nxt[3].name} " + (f"{nxt[0]:.1f}s" if math.isfinite(nxt[0]) else nxt[5])
         if task.pool is not None and task.pool == best.name:
             reason += f"; pinned to {task.pool}"
         if not best.up:
@@ -139,7 +151,24 @@ class EarliestFinishPlacer:
             task_id=ready.task_id,
             pool=best.name,
             vm_class=best.vm_class,
-            score=-finish,
+            score=-finish if math.isfinite(finish) else -run_s,
             reason=reason + note,
             fallback=self.fallback,
         )
+
+
+def _wait(pool: PoolState, placed: int, run_s: float) -> tuple[float, float, str]:
+    """``(wait seconds, backlog per slot, reason note)`` for a new task of ``run_s`` on ``pool``
+    with ``placed`` tasks already sent there in this batch: 0 with a free slot; otherwise a run
+    time per task ahead of it per slot, capped by the boot delay while the pool may still grow
+    (its queued tasks and this batch's have not used its room); infinite for a pool with no slot
+    that cannot grow."""
+    backlog = pool.busy + pool.queued + placed
+    if backlog < pool.slots:
+        return 0.0, 0.0, ""
+    queue = (backlog - pool.slots + 1) / pool.slots if pool.slots > 0 else math.inf
+    wait_s = queue * run_s if pool.slots > 0 else math.inf
+    top = pool.max_slots if pool.max_slots is not None else pool.slots
+    if top > pool.slots and pool.queued + placed < top - pool.slots and pool.boot_s < wait_s:
+        return pool.boot_s, queue, " (a worker's boot)"
+    return wait_s, queue, "" if pool.slots > 0 else "no worker and it cannot grow"

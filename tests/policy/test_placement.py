@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from policy.errors import SchemaError
@@ -111,3 +113,45 @@ def test_a_task_whose_only_usable_pools_are_down_queues_there_and_says_so() -> N
         assert placed[tid].pool == "gpu", tid
         assert "gpu is down, the only pool that may run it" in placed[tid].reason
     assert "no pool fits" not in placed["train"].reason
+
+
+def _one(task: TaskNode, pools: tuple[PoolState, ...]):
+    g = RunGraph("d/r", (task,), ())
+    req = PlacementRequest("q", (ReadyTask("d/r", task.task_id),), pools)
+    (d,) = EarliestFinishPlacer().place(req, {"d/r": g})
+    return d
+
+
+def test_a_pool_scaled_to_zero_waits_for_a_boot_not_a_run_time() -> None:
+    # found by review: a pool with no worker was scored as one busy slot, its wait the task's own
+    # run time (100 s here) whatever its boot delay, so the fallback sent a long task to a busy
+    # pool rather than boot a worker in 10 s
+    busy = PoolState("busy", "b", slots=1, cpus=4, memory_gb=16, busy=1)
+    elastic = PoolState("elastic", "e", slots=0, cpus=4, memory_gb=16, max_slots=2, boot_s=10.0)
+    d = _one(TaskNode("t", duration_s=100), (busy, elastic))
+    assert d.pool == "elastic" and d.score == pytest.approx(-110.0)
+    assert "wait 10.0s (a worker's boot)" in d.reason
+    # and a boot slower than the busy pool's queue loses to it
+    slow = replace(elastic, boot_s=500.0)
+    d = _one(TaskNode("t", duration_s=100), (busy, slow))
+    assert d.pool == "busy" and d.score == pytest.approx(-200.0)
+
+
+def test_a_pool_with_no_worker_that_cannot_grow_is_taken_only_when_nothing_else_may_run_the_task() -> None:
+    # before: scored as one busy slot, it won over a pool with a queue of two per slot
+    stuck = PoolState("stuck", "s", slots=0, cpus=4, memory_gb=16, speed=2.0)
+    queued = PoolState("queued", "q", slots=1, cpus=4, memory_gb=16, busy=1, queued=1)
+    assert _one(TaskNode("t", duration_s=100), (stuck, queued)).pool == "queued"
+    d = _one(TaskNode("t", duration_s=100, pool="stuck"), (stuck, queued))
+    assert d.pool == "stuck" and "no worker and it cannot grow" in d.reason and d.score == pytest.approx(-50.0)
+
+
+def test_a_pool_that_has_used_its_room_to_grow_waits_for_its_slots() -> None:
+    # one busy slot and room for one more: the first of a batch of three waits for a boot; the
+    # room is then spent and the next two queue, a run time per task ahead of them
+    pool = PoolState("p", "p", slots=1, cpus=4, memory_gb=16, busy=1, max_slots=2, boot_s=5.0)
+    tasks = tuple(TaskNode(f"t{i}", duration_s=100) for i in range(3))
+    g = RunGraph("d/r", tasks, ())
+    req = PlacementRequest("q", tuple(ReadyTask("d/r", t.task_id) for t in tasks), (pool,))
+    waits = sorted(-d.score - 100 for d in EarliestFinishPlacer().place(req, {"d/r": g}))
+    assert waits == pytest.approx([5.0, 200.0, 300.0])

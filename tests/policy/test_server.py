@@ -11,6 +11,7 @@ import pytest
 import redis
 from server_helpers import CATALOGUE, KEYS, ask, chain, request, send, send_raw, wait_reply
 
+from policy.placement import EarliestFinishPlacer
 from policy.schema import RunRef
 from policy.transport import REPLY_TTL_S
 
@@ -167,7 +168,7 @@ def test_heartbeat_names_the_model_and_device(start_server, rclient: redis.Redis
     while not rclient.hexists(KEYS.heartbeat, "hb") and time.monotonic() < deadline:
         time.sleep(0.02)
     beat = json.loads(rclient.hget(KEYS.heartbeat, "hb"))  # type: ignore[arg-type]
-    assert beat["version"] == "eft:heuristic-1" and beat["device"] == "cpu"
+    assert beat["version"] == f"eft:{EarliestFinishPlacer.version}" and beat["device"] == "cpu"
 
 
 def test_a_redis_it_cannot_use_at_start_up_is_a_warning_once(caplog: pytest.LogCaptureFixture) -> None:

@@ -13,6 +13,7 @@ from server_helpers import ask, chain, request
 
 from policy.config import ConfigError, ServerConfig
 from policy.metrics import MetricsServer
+from policy.placement import EarliestFinishPlacer
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +34,7 @@ def test_metrics_and_health_endpoints(start_server, rclient: redis.Redis) -> Non
             assert ask(rclient, request([chain("m")], [("m", f"t{i}")])).ok  # type: ignore[union-attr]
         code, body = _get(f"http://127.0.0.1:{http.port}/health")
         doc = json.loads(body)
-        assert code == 200 and doc["version"] == "eft:heuristic-1" and doc["device"] == "cpu"
+        assert code == 200 and doc["version"] == f"eft:{EarliestFinishPlacer.version}" and doc["device"] == "cpu"
         assert doc["cp_gate"] is None  # no GNN, no gate
         # a request is counted once its reply is delivered (after the reply's push, with its
         # latency), so the client can read /metrics a moment before the third one is counted
@@ -47,8 +48,8 @@ def test_metrics_and_health_endpoints(start_server, rclient: redis.Redis) -> Non
         assert code == 200
         assert 'drl_policy_requests_total{outcome="ok"} 3.0' in text
         assert "drl_policy_request_seconds_bucket" in text and "drl_policy_batch_requests_count" in text
-        assert 'policy_version="eft:heuristic-1"' in text
-        assert 'drl_policy_model_info{device="cpu",version="eft:heuristic-1"} 1.0' in text
+        assert f'policy_version="eft:{EarliestFinishPlacer.version}"' in text
+        assert f'drl_policy_model_info{{device="cpu",version="eft:{EarliestFinishPlacer.version}"}} 1.0' in text
         assert _get(f"http://127.0.0.1:{http.port}/nope")[0] == 404
         rs.server.connected = False
         assert _get(f"http://127.0.0.1:{http.port}/health")[0] == 503
