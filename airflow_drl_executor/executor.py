@@ -597,7 +597,7 @@ class DRLExecutor(CeleryExecutor):
             unplaced = "fallback: the task is not in its run's graph (of the newest DAG version in the batch)"
             if ready_tasks:
                 request = PlacementRequest(request_id=request_id, ready=tuple(ready_tasks), pools=pools,
-                                           progress=tuple(batch.progress))
+                                           progress=tuple(batch.progress), created_at=time.time())
                 decisions, policy, version = self._decide(request, graphs)
         except (PolicyError, SQLAlchemyError) as exc:
             self.log.warning("DRLExecutor: cannot build placement request %s: %s", request_id, exc)
@@ -763,7 +763,8 @@ class DRLExecutor(CeleryExecutor):
         for (run_key, _), node in nodes.items():
             by_run.setdefault(run_key, []).append(node)
         graphs = {k: RunGraph(run_key=k, tasks=tuple(v), edges=()) for k, v in by_run.items()}
-        sub = PlacementRequest(request_id="alone", ready=tuple(ReadyTask(*key) for key in nodes), pools=pools)
+        sub = PlacementRequest(request_id="alone", ready=tuple(ReadyTask(*key) for key in nodes), pools=pools,
+                               created_at=time.time())  # the clock of the pools' free_at
         placed = {(d.run_key, d.task_id): replace(d, reason=f"{why[(d.run_key, d.task_id)]}: {d.reason}",
                                                    fallback=True)
                   for d in self.fallback_placer.place(sub, graphs)}
@@ -773,7 +774,10 @@ class DRLExecutor(CeleryExecutor):
                   graphs: Mapping[str, RunGraph], why: str, progress: tuple[RunProgress, ...] = ()
                   ) -> dict[tuple[str, str], Decision]:
         """The fallback heuristic's decisions for ``ready``, marked as fallback with ``why``."""
-        sub = PlacementRequest(request_id="fallback", ready=tuple(ready), pools=pools, progress=progress)
+        # on the clock of the pools' expected finishes (free_at), which EFT reads against it (at 0,
+        # the default, every busy slot would look ~56 years away)
+        sub = PlacementRequest(request_id="fallback", ready=tuple(ready), pools=pools, progress=progress,
+                               created_at=time.time())
         return {(d.run_key, d.task_id): replace(d, reason=f"fallback ({why}): {d.reason}", fallback=True)
                 for d in self.fallback_placer.place(sub, graphs)}
 

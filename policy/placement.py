@@ -85,17 +85,21 @@ class EarliestFinishPlacer:
 
     Tasks are taken longest remaining critical path first; each goes to the feasible pool with the
     earliest estimated finish, ``wait + duration / effective speed``, where ``wait`` is zero while
-    the pool has a free slot and otherwise grows with the backlog per slot. Tasks placed earlier in
-    the same batch count as backlog. A pool that may still grow (``max_slots``, room left after
-    its queued tasks) waits at most its boot delay, as the ledgers of the rules and the model's
-    features count it; a pool with no slot that cannot grow never frees one (infinite wait: chosen
-    only when no other pool may run the task, and said so). Version 1 divided by one slot at
-    least: a pool scaled to zero looked like one busy slot, its wait a run time of the task, not
-    its boot (found by review).
+    the pool has a free slot; otherwise, with the pool's expected finish times (``free_at``, on the
+    request's ``created_at`` clock, as the executor's and the simulator's ledgers send them), until
+    the slot the task queues for frees, extrapolated by a run time of the task per slot beyond
+    the known ones; without them, a run time of the task per task ahead per slot. Tasks placed
+    earlier in the same batch count as backlog. A pool that may still grow (``max_slots``, room
+    left after its queued tasks) waits at most its boot delay; a pool with no slot that cannot grow
+    never frees one (infinite wait: chosen only when no other pool may run the task, and said so).
+    That is the wait the rules' ledgers and the model's features count. Version 1 divided by one
+    slot at least (a pool scaled to zero looked like one busy slot, its wait a run time of the
+    task, not its boot; found by review), version 2 read no ``free_at`` (a pool whose one busy task
+    ends in 10 s looked 100 s away to a 100 s task).
     """
 
     name = "eft"
-    version = "heuristic-2"
+    version = "heuristic-3"
 
     def __init__(self, *, fallback: bool = False) -> None:
         self.fallback = fallback
@@ -104,11 +108,12 @@ class EarliestFinishPlacer:
         extra: dict[str, int] = {p.name: 0 for p in request.pools}
         out: list[Decision] = []
         for ready, task, _ in ordered_ready(request, graphs):
-            out.append(self._place_one(ready, task, request.pools, extra))
+            out.append(self._place_one(ready, task, request.pools, extra, request.created_at))
         return out
 
     def _place_one(
-        self, ready: ReadyTask, task: TaskNode, pools: Sequence[PoolState], extra: dict[str, int]
+        self, ready: ReadyTask, task: TaskNode, pools: Sequence[PoolState], extra: dict[str, int],
+        now: float = 0.0,
     ) -> Decision:
         candidates = feasible(task, pools)
         note = "" if any(p.fits(task) for p in pools) else f"; {unfit(task, pools)}"
@@ -121,7 +126,7 @@ class EarliestFinishPlacer:
         scored = []
         for p in candidates:
             run_s = task.duration_s / p.speed_for(task.kind)
-            wait_s, queue, why = _wait(p, extra[p.name], run_s)
+            wait_s, queue, why = _wait(p, extra[p.name], run_s, now)
             scored.append((wait_s + run_s, wait_s, run_s, p, queue, why))
         # equal finishes: a pool with a free slot before one with a queue (found by review: a task
         # of 0 s finished "at 0" everywhere, and a batch of them queued behind 50 tasks on the
@@ -157,17 +162,25 @@ class EarliestFinishPlacer:
         )
 
 
-def _wait(pool: PoolState, placed: int, run_s: float) -> tuple[float, float, str]:
+def _wait(pool: PoolState, placed: int, run_s: float, now: float = 0.0) -> tuple[float, float, str]:
     """``(wait seconds, backlog per slot, reason note)`` for a new task of ``run_s`` on ``pool``
-    with ``placed`` tasks already sent there in this batch: 0 with a free slot; otherwise a run
-    time per task ahead of it per slot, capped by the boot delay while the pool may still grow
-    (its queued tasks and this batch's have not used its room); infinite for a pool with no slot
-    that cannot grow."""
+    with ``placed`` tasks already sent there in this batch, at ``now`` (the clock of ``free_at``):
+    0 with a free slot; otherwise until the ``backlog - slots``-th of the pool's expected finishes
+    (the slot it queues for), past the known ones a run time per slot more (as
+    :func:`policy.features.wait_terms_reference`), or with none known a run time per task ahead
+    per slot; capped by the boot delay while the pool may still grow (its queued tasks and this
+    batch's have not used its room); infinite for a pool with no slot that cannot grow."""
     backlog = pool.busy + pool.queued + placed
     if backlog < pool.slots:
         return 0.0, 0.0, ""
     queue = (backlog - pool.slots + 1) / pool.slots if pool.slots > 0 else math.inf
     wait_s = queue * run_s if pool.slots > 0 else math.inf
+    if pool.free_at and pool.slots > 0:
+        free, k = sorted(pool.free_at), backlog - pool.slots
+        if k < len(free):
+            wait_s = max(free[k] - now, 0.0)
+        else:
+            wait_s = max(free[-1] - now, 0.0) + (k - len(free) + 1) / pool.slots * run_s
     top = pool.max_slots if pool.max_slots is not None else pool.slots
     if top > pool.slots and pool.queued + placed < top - pool.slots and pool.boot_s < wait_s:
         return pool.boot_s, queue, " (a worker's boot)"

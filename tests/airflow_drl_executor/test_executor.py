@@ -110,6 +110,23 @@ def test_no_answer_means_fallback_for_all_with_the_reason(executor: DRLExecutor)
     assert not held and all(r.fallback and "no reply within 200 ms" in r.reason for _, r in records)
 
 
+def test_the_fallback_reads_the_pools_expected_finishes_on_their_clock(executor: DRLExecutor,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """EFT (version 3) waits for a busy pool until its ``free_at``, read against the request's
+    ``created_at``: the executor's own fallback requests must carry the wall clock the ledger's
+    expected finishes are on (at the default 0, every busy slot would look ~56 years away)."""
+    seen: list[PlacementRequest] = []
+    place = executor.fallback_placer.place
+    monkeypatch.setattr(executor.fallback_placer, "place", lambda req, graphs: seen.append(req) or place(req, graphs))
+
+    def down(req: PlacementRequest) -> PlacementReply:
+        raise PlacementUnavailable("no reply within 200 ms")
+    executor._client = FakeClient(down)  # type: ignore[assignment]
+    before = time.time()
+    executor._place([_workload("a"), _workload("b")])
+    assert seen and all(before <= req.created_at <= time.time() for req in seen), [r.created_at for r in seen]
+
+
 def test_a_pool_outside_the_catalogue_is_replaced(executor: DRLExecutor) -> None:
     executor._client = FakeClient(_reply({"a": "nowhere", "b": "gpu"}))  # type: ignore[assignment]
     a, b = _workload("a"), _workload("b")

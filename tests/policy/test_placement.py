@@ -155,3 +155,24 @@ def test_a_pool_that_has_used_its_room_to_grow_waits_for_its_slots() -> None:
     req = PlacementRequest("q", tuple(ReadyTask("d/r", t.task_id) for t in tasks), (pool,))
     waits = sorted(-d.score - 100 for d in EarliestFinishPlacer().place(req, {"d/r": g}))
     assert waits == pytest.approx([5.0, 200.0, 300.0])
+
+
+def test_a_busy_pool_waits_until_its_expected_finish_not_a_run_time_of_the_task() -> None:
+    # version 2 read no free_at: the busy pool, its one task ending in 10 s, looked one run time
+    # (100 s) away, and the task went to the pool at half speed (200 s) rather than wait 10 s
+    now = 1_000.0
+    fast = PoolState("fast", "f", slots=1, cpus=4, memory_gb=16, speed=2.0, busy=1, free_at=(now + 10,))
+    slow = PoolState("slow", "s", slots=1, cpus=4, memory_gb=16, speed=1.0)
+    g = RunGraph("d/r", (TaskNode("t", duration_s=200),), ())
+    req = PlacementRequest("q", (ReadyTask("d/r", "t"),), (fast, slow), created_at=now)
+    (d,) = EarliestFinishPlacer().place(req, {"d/r": g})
+    assert d.pool == "fast" and d.score == pytest.approx(-110.0) and "wait 10.0s" in d.reason
+    # past the known finishes, a run time per slot more: the second of a batch waits 10 s + 100 s
+    tasks = (TaskNode("a", duration_s=200), TaskNode("b", duration_s=200))
+    g = RunGraph("d/r", tasks, ())
+    req = PlacementRequest("q", tuple(ReadyTask("d/r", t.task_id) for t in tasks), (fast,), created_at=now)
+    assert sorted(-d.score for d in EarliestFinishPlacer().place(req, {"d/r": g})) == pytest.approx([110.0, 210.0])
+    # an expected finish already past counts as a slot free now
+    late = replace(fast, free_at=(now - 5,))
+    req = PlacementRequest("q", (ReadyTask("d/r", "a"),), (late,), created_at=now)
+    assert EarliestFinishPlacer().place(req, {"d/r": g})[0].score == pytest.approx(-100.0)
