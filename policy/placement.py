@@ -106,14 +106,16 @@ class EarliestFinishPlacer:
 
     def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
         extra: dict[str, int] = {p.name: 0 for p in request.pools}
+        # each pool's expected finishes, ascending, once a request (not once a task and pool)
+        free = {p.name: tuple(sorted(p.free_at)) for p in request.pools}
         out: list[Decision] = []
         for ready, task, _ in ordered_ready(request, graphs):
-            out.append(self._place_one(ready, task, request.pools, extra, request.created_at))
+            out.append(self._place_one(ready, task, request.pools, extra, request.created_at, free))
         return out
 
     def _place_one(
         self, ready: ReadyTask, task: TaskNode, pools: Sequence[PoolState], extra: dict[str, int],
-        now: float = 0.0,
+        now: float = 0.0, free: Mapping[str, tuple[float, ...]] | None = None,
     ) -> Decision:
         candidates = feasible(task, pools)
         note = "" if any(p.fits(task) for p in pools) else f"; {unfit(task, pools)}"
@@ -126,7 +128,8 @@ class EarliestFinishPlacer:
         scored = []
         for p in candidates:
             run_s = task.duration_s / p.speed_for(task.kind)
-            wait_s, queue, why = _wait(p, extra[p.name], run_s, now)
+            wait_s, queue, why = _wait(p, extra[p.name], run_s, now,
+                                       free[p.name] if free is not None else tuple(sorted(p.free_at)))
             scored.append((wait_s + run_s, wait_s, run_s, p, queue, why))
         # equal finishes: a pool with a free slot before one with a queue (found by review: a task
         # of 0 s finished "at 0" everywhere, and a batch of them queued behind 50 tasks on the
@@ -162,9 +165,10 @@ class EarliestFinishPlacer:
         )
 
 
-def _wait(pool: PoolState, placed: int, run_s: float, now: float = 0.0) -> tuple[float, float, str]:
+def _wait(pool: PoolState, placed: int, run_s: float, now: float, free: Sequence[float]) -> tuple[float, float, str]:
     """``(wait seconds, backlog per slot, reason note)`` for a new task of ``run_s`` on ``pool``
-    with ``placed`` tasks already sent there in this batch, at ``now`` (the clock of ``free_at``):
+    with ``placed`` tasks already sent there in this batch, at ``now`` (the clock of ``free_at``,
+    given ascending as ``free``):
     0 with a free slot; otherwise until the ``backlog - slots``-th of the pool's expected finishes
     (the slot it queues for), past the known ones a run time per slot more (as
     :func:`policy.features.wait_terms_reference`), or with none known a run time per task ahead
@@ -175,8 +179,8 @@ def _wait(pool: PoolState, placed: int, run_s: float, now: float = 0.0) -> tuple
         return 0.0, 0.0, ""
     queue = (backlog - pool.slots + 1) / pool.slots if pool.slots > 0 else math.inf
     wait_s = queue * run_s if pool.slots > 0 else math.inf
-    if pool.free_at and pool.slots > 0:
-        free, k = sorted(pool.free_at), backlog - pool.slots
+    if free and pool.slots > 0:
+        k = backlog - pool.slots
         if k < len(free):
             wait_s = max(free[k] - now, 0.0)
         else:
