@@ -115,7 +115,7 @@ class EarliestFinishPlacer:
 
     def _place_one(
         self, ready: ReadyTask, task: TaskNode, pools: Sequence[PoolState], extra: dict[str, int],
-        now: float = 0.0, free: Mapping[str, tuple[float, ...]] | None = None,
+        now: float, free: Mapping[str, tuple[float, ...]],
     ) -> Decision:
         candidates = feasible(task, pools)
         note = "" if any(p.fits(task) for p in pools) else f"; {unfit(task, pools)}"
@@ -128,8 +128,7 @@ class EarliestFinishPlacer:
         scored = []
         for p in candidates:
             run_s = task.duration_s / p.speed_for(task.kind)
-            wait_s, queue, why = _wait(p, extra[p.name], run_s, now,
-                                       free[p.name] if free is not None else tuple(sorted(p.free_at)))
+            wait_s, queue, why = _wait(p, extra[p.name], run_s, now, free[p.name])
             scored.append((wait_s + run_s, wait_s, run_s, p, queue, why))
         # equal finishes: a pool with a free slot before one with a queue (found by review: a task
         # of 0 s finished "at 0" everywhere, and a batch of them queued behind 50 tasks on the
@@ -177,14 +176,14 @@ def _wait(pool: PoolState, placed: int, run_s: float, now: float, free: Sequence
     backlog = pool.busy + pool.queued + placed
     if backlog < pool.slots:
         return 0.0, 0.0, ""
-    queue = (backlog - pool.slots + 1) / pool.slots if pool.slots > 0 else math.inf
-    wait_s = queue * run_s if pool.slots > 0 else math.inf
-    if free and pool.slots > 0:
-        k = backlog - pool.slots
-        if k < len(free):
-            wait_s = max(free[k] - now, 0.0)
-        else:
-            wait_s = max(free[-1] - now, 0.0) + (k - len(free) + 1) / pool.slots * run_s
+    if pool.slots > 0:
+        k = backlog - pool.slots  # the slot it queues for frees at the k-th expected finish
+        queue = (k + 1) / pool.slots
+        known = max(free[min(k, len(free) - 1)] - now, 0.0) if free else 0.0
+        beyond = k - len(free) + 1  # tasks ahead past the known finishes: a run time per slot each
+        wait_s = known + beyond / pool.slots * run_s if beyond > 0 else known
+    else:
+        queue = wait_s = math.inf
     top = pool.max_slots if pool.max_slots is not None else pool.slots
     if top > pool.slots and pool.queued + placed < top - pool.slots and pool.boot_s < wait_s:
         return pool.boot_s, queue, " (a worker's boot)"
