@@ -292,6 +292,7 @@ def wait_terms(ps: PairStatic, backlog: np.ndarray) -> tuple[np.ndarray, np.ndar
     alpha = pad[np.arange(pad.shape[0]), kk]  # alpha[..., j] = pad[j, kk[..., j]]
     beta = np.where(k >= n, (k - n + 1) / np.maximum(s, 1.0), 0.0)
     alpha = np.where(now_free, 0.0, alpha)
+    alpha = np.where(s == 0, np.maximum(alpha, boot), alpha)  # no worker: nothing starts before a boot
     beta = np.where(now_free, 0.0, beta)
     return now_free, free, alpha, beta, cap
 
@@ -303,8 +304,9 @@ def wait_terms_reference(
     free, alpha, beta, cap)``: a new task waits 0 if ``now_free`` (a slot is free), else
     ``min(alpha + beta * its run time, cap)``: ``alpha`` is when the slot it queues for frees
     (the ledger's ``free_at``, from the pool's expected finish times), extrapolated by ``beta``
-    run times per slot beyond what the pool reported; ``cap`` the boot delay when the pool can
-    still grow (inf otherwise). ``free``: starts without waiting for a running task (a free slot
+    run times per slot beyond what the pool reported, and at least the boot delay when the pool
+    has no slot (scaled to zero: no task starts there before a worker boots); ``cap`` the boot
+    delay when the pool can still grow (inf otherwise). ``free``: starts without waiting for a running task (a free slot
     or room to grow), the has-free-slot column."""
     p = len(backlog)
     now_free = np.zeros(p, dtype=bool)
@@ -330,6 +332,8 @@ def wait_terms_reference(
         else:
             alpha[j] = float(f[-1]) if len(f) else 0.0
             beta[j] = (k - len(f) + 1) / max(s, 1.0)
+        if s == 0:  # no worker (scaled to zero): nothing starts before one boots
+            alpha[j] = max(alpha[j], float(ps.boot_s[j]) if ps.boot_s is not None else 0.0)
     return now_free, free, alpha, beta, cap
 
 

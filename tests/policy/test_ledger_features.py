@@ -106,3 +106,31 @@ def test_simulator_reports_expected_finish_times() -> None:
         s = spec[p.name]
         hi = (s.max_workers if s.max_workers is not None else s.workers) * s.slots_per_worker
         assert p.max_slots == (hi if hi > p.slots else None) and p.boot_s == s.boot_delay_s
+
+
+@pytest.mark.parametrize("dialect", ["numpy", "torch"])
+def test_a_pool_with_no_worker_waits_for_a_boot_not_a_run_time(dialect: str) -> None:
+    """An elastic pool scaled to zero starts nothing before a worker boots: a 2 s task waits the
+    90 s boot there, not min(its run time, the boot) (a run time per task ahead per slot, read
+    with one slot for none, was what the features said: "est. wait 2s" on a pool with no VM). One
+    whose room to grow is taken waits at least the boot too. The batched decoder's copy agrees."""
+    import torch
+
+    from policy import batch_decoder as bd
+    from policy.features import pair_dynamic
+
+    task = TaskNode("t", duration_s=2.0)
+    other = _pool(name="q", slots=4)  # a free pool: the finish ratios need a reference
+    for queued, top, least in ((0, 2, 90.0), (2, 2, 90.0), (0, 0, 90.0)):
+        cold = _pool(slots=0, queued=queued, max_slots=top, boot_s=90.0)
+        ps = pair_static([task], [cold, other], now=0.0)
+        d = pair_dynamic(ps, np.array([0]), np.zeros(2))
+        wait = float(np.expm1(d[0, 0, 0] * 8.0))  # column 0: log1p(wait) / 8
+        assert wait == pytest.approx(least, rel=1e-5) if top and not queued else wait >= least - 1e-3, (queued, top)
+        xp = bd._NUMPY if dialect == "numpy" else bd._torch_ops(torch.device("cpu"))
+        conv = (lambda a: a) if dialect == "numpy" else torch.as_tensor
+        pad, n = pad_free_in(ps.free_in)
+        pools = tuple(conv(np.asarray(a)[None]) for a in (ps.slots, ps.top, ps.queued, ps.base_backlog,
+                                                            ps.boot_s, pad, n))
+        got = bd._pair_dynamic(xp, conv(ps.run_s[None]), conv(ps.ref[None]), pools, pools[3], row_axis=True)
+        assert np.array_equal(np.asarray(got)[0], d), (queued, top)
