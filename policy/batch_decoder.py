@@ -177,6 +177,7 @@ def decode_greedy(
     kmax = max(fb.pairs.free_pad.shape[1] if fb.pairs.free_pad is not None else 1 for fb in fbs)
     pad = np.zeros((S, P, kmax), dtype=np.float64)
     nfree = np.zeros((S, P), dtype=np.int64)
+    floor = np.zeros((S, P), dtype=np.float64)  # PairStatic.floor (0: none)
     base = np.zeros((S, P), dtype=np.float64)
     row_valid = np.zeros((S, R), dtype=bool)
     slot_row = np.zeros((S, R), dtype=np.int64)
@@ -207,6 +208,7 @@ def decode_greedy(
         top[s, :p] = ps.top
         queued[s, :p] = ps.queued if ps.queued is not None else 0.0
         boot[s, :p] = ps.boot_s if ps.boot_s is not None else 0.0
+        floor[s, :p] = ps.floor if ps.floor is not None else 0.0
         if ps.free_pad is not None and ps.free_n is not None:
             k = ps.free_pad.shape[1]
             pad[s, :p, :k] = ps.free_pad
@@ -220,10 +222,10 @@ def decode_greedy(
         pool_valid[s, :p] = True
         off += n
     ready_x = np.concatenate([fb.ready_x for fb in fbs])
-    (t_sx, t_run, t_ref, t_keep, t_fit, t_slots, t_top, t_queued, t_boot, t_pad, t_nfree, t_base, t_valid,
-     t_slot_row, t_busy, t_pool_x, t_pool_valid, t_ready_x, t_node, t_run_idx) = upload(
-        [sx, run_s, ref, keep, fit, slots, top, queued, boot, pad, nfree, base, row_valid, slot_row, busy, pool_x,
-         pool_valid, ready_x, node_idx, run_idx], device)
+    (t_sx, t_run, t_ref, t_keep, t_fit, t_slots, t_top, t_queued, t_boot, t_pad, t_nfree, t_floor, t_base,
+     t_valid, t_slot_row, t_busy, t_pool_x, t_pool_valid, t_ready_x, t_node, t_run_idx) = upload(
+        [sx, run_s, ref, keep, fit, slots, top, queued, boot, pad, nfree, floor, base, row_valid, slot_row, busy,
+         pool_x, pool_valid, ready_x, node_idx, run_idx], device)
 
     # --- one model call per phase: task parts of all rows, pool parts of all requests ----------
     a = model.task_side(h_table[t_node], s_table[t_run_idx], t_ready_x)[t_slot_row]  # [S, R, H]
@@ -260,11 +262,12 @@ def decode_greedy(
     state: list[Any]
     if use_numpy:
         model_arrays = download([pre, a, g, c_t, c_dyn, w, w_b, s0_w, s0_b, s2_w, s2_b])
-        state = [sx, run_s, ref, keep, fit, (slots, top, queued, base, boot, pad, nfree), row_valid, busy, pool_valid]
+        state = [sx, run_s, ref, keep, fit, (slots, top, queued, base, boot, pad, nfree, floor), row_valid, busy,
+                 pool_valid]
     else:
         model_arrays = [pre, a, g, c_t, c_dyn, w, w_b, s0_w, s0_b, s2_w, s2_b]
-        state = [t_sx, t_run, t_ref, t_keep, t_fit, (t_slots, t_top, t_queued, t_base, t_boot, t_pad, t_nfree), t_valid,
-                 t_busy, t_pool_valid]
+        state = [t_sx, t_run, t_ref, t_keep, t_fit, (t_slots, t_top, t_queued, t_base, t_boot, t_pad, t_nfree, t_floor),
+                 t_valid, t_busy, t_pool_valid]
     # padded slots and finished requests compute inf and NaN that are masked, never chosen
     with np.errstate(divide="ignore", invalid="ignore"):
         found = _steps(xp, *model_arrays, *state, allow_wait=allow_wait, hold_ratio=check_hold_ratio(hold_ratio),
@@ -497,18 +500,18 @@ def _pair_dynamic(xp: _Ops, run_s: Any, ref: Any, pools: tuple[Any, ...], backlo
                   row_axis: bool) -> Any:
     """``[..., P, 5]`` float32: :func:`policy.features.pair_dynamic` over the last axis (pools)
     in the same float64 operations. ``pools`` = ``(slots, top, queued, base, boot [X, P], pad
-    [X, P, K], nfree [X, P])`` and ``backlog [X, P]`` (busy + queued + placed) per pool; with
+    [X, P, K], nfree, floor [X, P])`` and ``backlog [X, P]`` (busy + queued + placed) per pool; with
     ``row_axis`` ``run_s``/``ref`` are ``[X, R, P]`` (a pool term is broadcast over the rows),
     else ``[X, P]``. The wait is :func:`policy.features.wait_terms`'."""
     m = xp.mod
-    slots, top, queued, base, boot, pad, nfree = pools
+    slots, top, queued, base, boot, pad, nfree, floor = pools
     now_free = backlog < slots
     grow = ~now_free & (top > slots) & (queued + (backlog - base) < top - slots)
     free = now_free | grow
     cap = m.where(grow, boot, math.inf)
     k = xp.cast(m.clip(backlog - slots, 0.0, None), xp.i64)
-    alpha = m.where(now_free, 0.0, xp.take_last(pad, m.clip(k, None, pad.shape[-1] - 1)))
-    alpha = m.where(slots == 0, m.maximum(alpha, boot), alpha)
+    alpha = xp.take_last(pad, m.clip(k, None, pad.shape[-1] - 1))
+    alpha = m.where(now_free, 0.0, m.where(floor > 0, m.maximum(alpha, floor), alpha))
     beta = m.where(now_free | (k < nfree), 0.0, (k - nfree + 1) / m.clip(slots, 1.0, None))
     load = m.clip(backlog / m.clip(slots, 1.0, None), None, 10.0)
     if row_axis:

@@ -66,7 +66,7 @@ def _bench_one(placer: GNNPlacer, pools: tuple[PoolState, ...], n: int, ready: i
                            pools=pools, runs=(g,), progress=(RunProgress(g.run_key),))
     graphs = {g.run_key: g}
     dec = placer.decode(req, graphs)
-    bt = collate([featurize(req, graphs, assigned=dec.actions.tolist())], placer.device)
+    bt = collate([featurize(req, graphs, assigned=dec.actions.tolist(), boot_floor=placer.boot_floor)], placer.device)
 
     def forward() -> None:
         with torch.inference_mode():

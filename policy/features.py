@@ -46,7 +46,9 @@ from policy.errors import SchemaError
 from policy.graph import GraphMemo, GraphView, view
 from policy.schema import PlacementRequest, PoolState, ReadyTask, RunGraph, RunProgress, TaskNode
 
-FEATURE_SCHEMA_VERSION = 6
+FEATURE_SCHEMA_VERSION = 7
+#: The first schema whose pair wait counts the boot of a pool with no worker (PairStatic.floor)
+BOOT_FLOOR_SCHEMA = 7
 
 #: Task kinds are hashed into this many one-hot buckets (crc32, stable across processes).
 KIND_BUCKETS = 8
@@ -122,7 +124,7 @@ F_READY = len(READY_FEATURES)
 #: reads. Versions since 3 only append ready columns, so a model of an older version reads the
 #: first columns of ``ready_x`` and is otherwise unchanged (:class:`policy.model.PlacementGNN`):
 #: a checkpoint keeps loading after the code gains a feature.
-READY_COLUMNS: dict[int, int] = {3: 9, 4: 10, 5: 11, FEATURE_SCHEMA_VERSION: F_READY}
+READY_COLUMNS: dict[int, int] = {3: 9, 4: 10, 5: 11, 6: F_READY, FEATURE_SCHEMA_VERSION: F_READY}
 F_POOL = len(POOL_FEATURES)
 F_PAIR = len(PAIR_FEATURES)
 
@@ -253,6 +255,10 @@ class PairStatic:
     free_n: np.ndarray | None = None
     #: ``[R, P]`` the pairs :func:`gate_premium` took out of ``mask`` (None: no gate)
     gated: np.ndarray | None = None
+    #: ``[P]`` seconds before which no task starts on each pool, the least :func:`wait_terms`
+    #: gives a busy one (None: none): schema 7's boot delay of a pool with no slot (scaled to zero
+    #: workers, nothing runs there before one boots; older schemas read it as one busy slot)
+    floor: np.ndarray | None = None
 
     @property
     def top(self) -> np.ndarray:
@@ -291,8 +297,9 @@ def wait_terms(ps: PairStatic, backlog: np.ndarray) -> tuple[np.ndarray, np.ndar
     kk = np.minimum(k, pad.shape[1] - 1)
     alpha = pad[np.arange(pad.shape[0]), kk]  # alpha[..., j] = pad[j, kk[..., j]]
     beta = np.where(k >= n, (k - n + 1) / np.maximum(s, 1.0), 0.0)
+    if ps.floor is not None:  # schema 7: a pool with no worker starts nothing before a boot
+        alpha = np.where(ps.floor > 0, np.maximum(alpha, ps.floor), alpha)
     alpha = np.where(now_free, 0.0, alpha)
-    alpha = np.where(s == 0, np.maximum(alpha, boot), alpha)  # no worker: nothing starts before a boot
     beta = np.where(now_free, 0.0, beta)
     return now_free, free, alpha, beta, cap
 
@@ -304,8 +311,8 @@ def wait_terms_reference(
     free, alpha, beta, cap)``: a new task waits 0 if ``now_free`` (a slot is free), else
     ``min(alpha + beta * its run time, cap)``: ``alpha`` is when the slot it queues for frees
     (the ledger's ``free_at``, from the pool's expected finish times), extrapolated by ``beta``
-    run times per slot beyond what the pool reported, and at least the boot delay when the pool
-    has no slot (scaled to zero: no task starts there before a worker boots); ``cap`` the boot
+    run times per slot beyond what the pool reported, and at least ``ps.floor`` (schema 7: the
+    boot delay of a pool with no slot, where no task starts before a worker boots); ``cap`` the boot
     delay when the pool can still grow (inf otherwise). ``free``: starts without waiting for a running task (a free slot
     or room to grow), the has-free-slot column."""
     p = len(backlog)
@@ -332,14 +339,16 @@ def wait_terms_reference(
         else:
             alpha[j] = float(f[-1]) if len(f) else 0.0
             beta[j] = (k - len(f) + 1) / max(s, 1.0)
-        if s == 0:  # no worker (scaled to zero): nothing starts before one boots
-            alpha[j] = max(alpha[j], float(ps.boot_s[j]) if ps.boot_s is not None else 0.0)
+        if ps.floor is not None and ps.floor[j] > 0:
+            alpha[j] = max(alpha[j], float(ps.floor[j]))
     return now_free, free, alpha, beta, cap
 
 
-def pair_static(tasks: Sequence[TaskNode], pools: Sequence[PoolState], now: float = 0.0) -> PairStatic:
+def pair_static(tasks: Sequence[TaskNode], pools: Sequence[PoolState], now: float = 0.0,
+                boot_floor: bool = True) -> PairStatic:
     """Precompute the choice-independent pair quantities of ``tasks`` x ``pools`` (``now``: the
-    request's clock, for the pools' ``free_at``)."""
+    request's clock, for the pools' ``free_at``; ``boot_floor``: a pool with no slot waits at
+    least its boot, :attr:`PairStatic.floor`, schema 7 on)."""
     r, n = len(tasks), len(pools)
     base_speed = np.array([p.speed for p in pools], dtype=np.float64)
     # Ready tasks share a handful of kinds and resource shapes: each distinct one is looked up
@@ -396,6 +405,7 @@ def pair_static(tasks: Sequence[TaskNode], pools: Sequence[PoolState], now: floa
         max_slots=np.array([p.max_slots if p.max_slots is not None else p.slots for p in pools], dtype=np.float64),
         boot_s=np.array([p.boot_s for p in pools], dtype=np.float64),
         queued=np.array([p.queued for p in pools], dtype=np.float64),
+        floor=np.array([p.boot_s if p.slots == 0 else 0.0 for p in pools], dtype=np.float64) if boot_floor else None,
     )
 
 
@@ -610,6 +620,7 @@ def featurize(
     pairs: bool = True,
     cp_gate: float = 0.0,
     cp_gate_scope: str = "off-cp",
+    boot_floor: bool = True,
 ) -> FeatureBatch:
     """Build the :class:`FeatureBatch` of ``request``.
 
@@ -619,7 +630,9 @@ def featurize(
     ``pairs=False`` leaves ``pair_x``/``mask`` zero for a caller that fills them while decoding
     (:class:`policy.gnn.GNNPlacer`). ``cp_gate`` (0 = off): :func:`gate_premium`'s hard
     constraint, premium pools only for the tasks on their run's remaining critical path
-    (``cp_gate_scope="all"``: for no task, :data:`CP_GATE_SCOPES`).
+    (``cp_gate_scope="all"``: for no task, :data:`CP_GATE_SCOPES`). ``boot_floor``: schema 7's
+    wait on a pool with no worker (:attr:`PairStatic.floor`); a placer of an older checkpoint
+    turns it off, as that model was trained.
     """
     if assigned is not None and len(assigned) != len(request.ready):
         raise SchemaError(f"assigned: {len(assigned)} choices for {len(request.ready)} ready tasks")
@@ -700,7 +713,7 @@ def featurize(
     pair_x = np.zeros((len(request.ready), len(pools), F_PAIR), dtype=np.float32)
     mask = np.zeros((len(request.ready), len(pools)), dtype=bool)
     placed = np.zeros(len(pools), dtype=np.float64)
-    ps = pair_static(tasks, pools, request.created_at)
+    ps = pair_static(tasks, pools, request.created_at, boot_floor)
     if cp_gate and len(request.ready):
         every = check_gate_scope(cp_gate_scope) == "all"
         ps = gate_premium(ps, np.ones(len(up), dtype=bool) if every else up < rem, cp_gate)

@@ -76,6 +76,7 @@ from policy.checkpoint import Checkpoint, load_checkpoint
 from policy.config import STEP_KERNELS
 from policy.errors import ModelOutputError
 from policy.features import (
+    BOOT_FLOOR_SCHEMA,
     CP_GATE,
     CP_GATE_SCOPE,
     DYNAMIC_PAIR_COLUMNS,
@@ -293,7 +294,14 @@ class GNNPlacer:
     def features(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> FeatureBatch:
         """``request``'s features as this placer decodes them (pairs filled while decoding, its
         premium gate and scope applied; training's teacher steps are read against the same)."""
-        return featurize(request, graphs, pairs=False, cp_gate=self.cp_gate, cp_gate_scope=self.cp_gate_scope)
+        return featurize(request, graphs, pairs=False, cp_gate=self.cp_gate, cp_gate_scope=self.cp_gate_scope,
+                         boot_floor=self.boot_floor)
+
+    @property
+    def boot_floor(self) -> bool:
+        """Whether this placer's network reads schema 7's wait on a pool with no worker (a boot at
+        least, :attr:`policy.features.PairStatic.floor`); older checkpoints read it as trained."""
+        return self.net.schema_version >= BOOT_FLOOR_SCHEMA
 
     @torch.no_grad()
     def decode(

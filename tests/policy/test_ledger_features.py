@@ -3,6 +3,8 @@ max_slots, boot_s), and the simulator reporting it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from gnn_helpers import GPU_CATALOGUE
@@ -55,6 +57,8 @@ def test_vectorised_wait_terms_match_the_reference() -> None:
                         slots=slots, base_backlog=base, best_run=None, best_cost=None, ref=None,  # type: ignore[arg-type]
                         free_in=free_in, max_slots=slots + rng.integers(0, 4, p), boot_s=rng.random(p) * 60,
                         queued=np.minimum(base, rng.integers(0, 4, p)).astype(float), free_pad=pad, free_n=n)
+        if rng.random() < 0.5:  # schema 7: a pool with no slot waits at least its boot
+            ps = replace(ps, floor=np.where(slots == 0, ps.boot_s, 0.0))
         backlog = base + rng.integers(0, 10, (6, p))
         got = wait_terms(ps, backlog)
         for i in range(6):
@@ -131,6 +135,23 @@ def test_a_pool_with_no_worker_waits_for_a_boot_not_a_run_time(dialect: str) -> 
         conv = (lambda a: a) if dialect == "numpy" else torch.as_tensor
         pad, n = pad_free_in(ps.free_in)
         pools = tuple(conv(np.asarray(a)[None]) for a in (ps.slots, ps.top, ps.queued, ps.base_backlog,
-                                                            ps.boot_s, pad, n))
+                                                            ps.boot_s, pad, n, ps.floor))
         got = bd._pair_dynamic(xp, conv(ps.run_s[None]), conv(ps.ref[None]), pools, pools[3], row_axis=True)
         assert np.array_equal(np.asarray(got)[0], d), (queued, top)
+        # schema 6 and older (what every checkpoint before schema 7 was trained on): one busy slot
+        old = pair_dynamic(pair_static([task], [cold, other], now=0.0, boot_floor=False), np.array([0]), np.zeros(2))
+        assert float(np.expm1(old[0, 0, 0] * 8.0)) < 10.0
+
+
+def test_a_placer_reads_the_boot_floor_only_from_schema_7() -> None:
+    """The committed default (schema 4) decides on the features it was trained on; a model of this
+    code's schema gets the floor."""
+    from policy.features import BOOT_FLOOR_SCHEMA, FEATURE_SCHEMA_VERSION
+    from policy.gnn import GNNPlacer
+    from policy.model import PlacementGNN
+    from policy.registry import DEFAULT_CHECKPOINT
+
+    assert FEATURE_SCHEMA_VERSION >= BOOT_FLOOR_SCHEMA == 7
+    assert not GNNPlacer(PlacementGNN(schema_version=6), version="old").boot_floor
+    assert GNNPlacer(PlacementGNN(), version="new").boot_floor
+    assert not GNNPlacer.from_checkpoint(DEFAULT_CHECKPOINT).boot_floor  # e2, schema 4
