@@ -341,8 +341,11 @@ def collate_steps(samples: Sequence[tuple[FeatureBatch, Sequence[Step]]],
 
 def upgraded(model: PlacementGNN) -> PlacementGNN:
     """``model`` reading this code's feature schema: the same weights, and zero weights for the
-    ready columns its schema lacks, so its outputs are unchanged until training moves them
-    (``drl-trainer train --init`` of an older checkpoint). ``model`` itself if already current."""
+    ready columns its schema lacks, so its outputs on the same features are unchanged until
+    training moves them (``drl-trainer train --init`` of an older checkpoint; the nightly
+    fine-tune). From schema 6 to 7 the features themselves change where a pool has no worker (its
+    wait counts the boot, :attr:`policy.features.PairStatic.floor`): the upgraded model's placer
+    reads them as a schema-7 model does. ``model`` itself if already current."""
     if model.schema_version == FEATURE_SCHEMA_VERSION:
         return model
     new = PlacementGNN(model.config)

@@ -148,10 +148,12 @@ def test_a_placer_reads_the_boot_floor_only_from_schema_7() -> None:
     code's schema gets the floor."""
     from policy.features import BOOT_FLOOR_SCHEMA, FEATURE_SCHEMA_VERSION
     from policy.gnn import GNNPlacer
-    from policy.model import PlacementGNN
+    from policy.model import PlacementGNN, upgraded
     from policy.registry import DEFAULT_CHECKPOINT
 
     assert FEATURE_SCHEMA_VERSION >= BOOT_FLOOR_SCHEMA == 7
     assert not GNNPlacer(PlacementGNN(schema_version=6), version="old").boot_floor
     assert GNNPlacer(PlacementGNN(), version="new").boot_floor
     assert not GNNPlacer.from_checkpoint(DEFAULT_CHECKPOINT).boot_floor  # e2, schema 4
+    # a fine-tune of an older checkpoint trains this code's schema, floor included
+    assert GNNPlacer(upgraded(PlacementGNN(schema_version=4)), version="tuned").boot_floor
