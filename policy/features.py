@@ -241,8 +241,6 @@ class PairStatic:
     best_run: np.ndarray  # [R]
     best_cost: np.ndarray  # [R]
     ref: np.ndarray  # [R, P] pools the ratios compare against (feasible, or all if none is)
-    #: some pool has zero slots (scaled to zero workers: its wait includes a boot)
-    zero_slots: bool = False
     #: schema 3, per pool: expected seconds until each busy / queued task ends (ascending, from
     #: ``PoolState.free_at``), the most slots it may grow to, its boot delay, its queued count
     free_in: tuple[np.ndarray, ...] = ()
@@ -398,7 +396,6 @@ def pair_static(tasks: Sequence[TaskNode], pools: Sequence[PoolState], now: floa
         best_run=best_run,
         best_cost=best_cost,
         ref=ref,
-        zero_slots=any(p.slots == 0 for p in pools),
         free_in=free_in,
         free_pad=free_pad,
         free_n=free_n,
