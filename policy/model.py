@@ -353,6 +353,7 @@ def upgraded(model: PlacementGNN) -> PlacementGNN:
     w = state["ready_in.weight"]
     state["ready_in.weight"] = torch.cat([w, w.new_zeros(w.shape[0], new.ready_in.in_features - w.shape[1])], 1)
     new.load_state_dict(state)
+    new.untrained_inputs = model.untrained_inputs  # still never learned: their weights came along as 0
     return new.to(w.device)
 
 
@@ -457,6 +458,9 @@ class PlacementGNN(nn.Module):
         state = self.state_dict()
         state["row_k"] = state["head_out.bias"].new_tensor([k])
         model.load_state_dict(state)
+        # the inputs it never learned from stay so (was: dropped, so an ensemble written with --row-bias
+        # recorded none and a fine-tune of it would not know them; found 2026-12-07)
+        model.untrained_inputs = self.untrained_inputs
         return model.to(state["head_out.bias"].device).train(self.training)
 
     # --- the head as the decoders read it: the row bias folded into one more hidden unit -------

@@ -9,7 +9,8 @@ import torch
 
 from policy.catalogue import load_catalogue
 from policy.checkpoint import load_checkpoint, save_checkpoint
-from policy.model import ModelConfig, PlacementGNN
+from policy.inputs import cut_inputs
+from policy.model import ModelConfig, PlacementGNN, upgraded
 from trainer.cli import main
 from trainer.train import Args, evaluate, settings_from
 
@@ -77,6 +78,26 @@ def test_a_row_bias_prior_is_given_to_every_member(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="within"):
         main(["ensemble", *members, "--out", str(tmp_path / "bad"), "--row-bias", "-100"])
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_row_bias_prior_keeps_the_members_record_of_inputs_they_never_learned(tmp_path: Path) -> None:
+    """was: ``PlacementGNN.with_row_bias`` built a new model without ``untrained_inputs``, so the
+    ensemble written with ``--row-bias`` (the default, e2p12) recorded none for its members: the
+    same decisions (the weights were saved as zeros), but a reload, and the nightly fine-tune
+    that starts from it, no longer knew those columns were never learned."""
+    never = ["task.gpus", "ready.retry"]
+    members = _members(tmp_path, {**TRAINING, "untrained_inputs": never})
+    assert all(list(load_checkpoint(p).model.untrained_inputs) == never for p in members)
+    assert main(["ensemble", *members, "--out", str(tmp_path / "ens"), "--row-bias", "-12"]) == 0
+    ens = load_checkpoint(tmp_path / "ens")
+    assert [m["training"]["untrained_inputs"] for m in ens.manifest["members"]] == [never, never]
+    for model in (ens.model, *(m for _, m in ens.members)):
+        assert list(model.untrained_inputs) == never
+    # and an older schema's model given the current one keeps them too (``drl-trainer train --init``)
+    old = PlacementGNN(ModelConfig(hidden=8, layers=2), schema_version=4)
+    cut_inputs(old, never)
+    new = upgraded(old)
+    assert new is not old and new.schema_version > 4 and list(new.untrained_inputs) == never
 
 
 def test_row_bias_does_not_let_an_ensemble_through_as_one_member(tmp_path: Path) -> None:
