@@ -154,6 +154,6 @@ def test_a_placer_reads_the_boot_floor_only_from_schema_7() -> None:
     assert FEATURE_SCHEMA_VERSION >= BOOT_FLOOR_SCHEMA == 7
     assert not GNNPlacer(PlacementGNN(schema_version=6), version="old").boot_floor
     assert GNNPlacer(PlacementGNN(), version="new").boot_floor
-    assert not GNNPlacer.from_checkpoint(DEFAULT_CHECKPOINT).boot_floor  # e2, schema 4
+    assert not GNNPlacer.from_checkpoint(DEFAULT_CHECKPOINT).boot_floor  # the default's members: schema 4
     # a fine-tune of an older checkpoint trains this code's schema, floor included
     assert GNNPlacer(upgraded(PlacementGNN(schema_version=4)), version="tuned").boot_floor

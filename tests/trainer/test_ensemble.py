@@ -82,7 +82,7 @@ def test_a_row_bias_prior_is_given_to_every_member(tmp_path: Path) -> None:
 
 def test_a_row_bias_prior_keeps_the_members_record_of_inputs_they_never_learned(tmp_path: Path) -> None:
     """was: ``PlacementGNN.with_row_bias`` built a new model without ``untrained_inputs``, so the
-    ensemble written with ``--row-bias`` (the default, e2p12) recorded none for its members: the
+    ensemble written with ``--row-bias`` (the default since 2026-12-07) recorded none for its members: the
     same decisions (the weights were saved as zeros), but a reload, and the nightly fine-tune
     that starts from it, no longer knew those columns were never learned."""
     never = ["task.gpus", "ready.retry"]
