@@ -510,8 +510,7 @@ def _pair_dynamic(xp: _Ops, run_s: Any, ref: Any, pools: tuple[Any, ...], backlo
     free = now_free | grow
     cap = m.where(grow, boot, math.inf)
     k = xp.cast(m.clip(backlog - slots, 0.0, None), xp.i64)
-    alpha = xp.take_last(pad, m.clip(k, None, pad.shape[-1] - 1))
-    alpha = m.where(now_free, 0.0, m.where(floor > 0, m.maximum(alpha, floor), alpha))
+    alpha = m.where(now_free, 0.0, m.maximum(xp.take_last(pad, m.clip(k, None, pad.shape[-1] - 1)), floor))
     beta = m.where(now_free | (k < nfree), 0.0, (k - nfree + 1) / m.clip(slots, 1.0, None))
     load = m.clip(backlog / m.clip(slots, 1.0, None), None, 10.0)
     if row_axis:

@@ -295,8 +295,8 @@ def wait_terms(ps: PairStatic, backlog: np.ndarray) -> tuple[np.ndarray, np.ndar
     kk = np.minimum(k, pad.shape[1] - 1)
     alpha = pad[np.arange(pad.shape[0]), kk]  # alpha[..., j] = pad[j, kk[..., j]]
     beta = np.where(k >= n, (k - n + 1) / np.maximum(s, 1.0), 0.0)
-    if ps.floor is not None:  # schema 7: a pool with no worker starts nothing before a boot
-        alpha = np.where(ps.floor > 0, np.maximum(alpha, ps.floor), alpha)
+    if ps.floor is not None:  # schema 7: a pool with no worker starts nothing before a boot (0: none)
+        alpha = np.maximum(alpha, ps.floor)
     alpha = np.where(now_free, 0.0, alpha)
     beta = np.where(now_free, 0.0, beta)
     return now_free, free, alpha, beta, cap
@@ -337,7 +337,7 @@ def wait_terms_reference(
         else:
             alpha[j] = float(f[-1]) if len(f) else 0.0
             beta[j] = (k - len(f) + 1) / max(s, 1.0)
-        if ps.floor is not None and ps.floor[j] > 0:
+        if ps.floor is not None:
             alpha[j] = max(alpha[j], float(ps.floor[j]))
     return now_free, free, alpha, beta, cap
 
