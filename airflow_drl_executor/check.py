@@ -55,15 +55,13 @@ class Finding:
 
 def check_config(conf: Any) -> tuple[Finding, Any, Any]:
     """``(finding, ExecutorConfig or None, Catalogue or None)``."""
-    from airflow_drl_executor.config import SECTION, ExecutorConfig
+    from airflow_drl_executor.config import SECTION, ExecutorConfig, hold_bound
     from policy.catalogue import load_catalogue
 
     try:
         cfg = ExecutorConfig.from_conf(conf)
         queued_timeout = float(conf.get("scheduler", "task_queued_timeout", fallback="600") or 600)
-        if cfg.max_wait_s >= queued_timeout:
-            raise ValueError(f"[{SECTION}] max_wait_s ({cfg.max_wait_s:g}) must be below [scheduler] "
-                             f"task_queued_timeout ({queued_timeout:g})")
+        hold_bound(cfg, queued_timeout)
         catalogue = load_catalogue(cfg.catalogue)
     except Exception as exc:  # noqa: BLE001 - whatever stops the executor's __init__ is the finding
         return Finding("config", FAIL, f"{type(exc).__name__}: {exc}"), None, None

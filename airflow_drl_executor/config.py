@@ -78,7 +78,18 @@ OPTIONS: dict[str, tuple[str, str | None, str]] = {
         "float",
         "60",
         "Longest time a task may be kept back when the policy chooses to wait for a better pool "
-        "(late binding); after it, the fallback heuristic places the task.",
+        "(late binding) while a pool that could run it has a free slot; after it, the fallback "
+        "heuristic places the task. Time when every pool that fits the task is full does not count "
+        "(max_hold_s bounds that).",
+    ),
+    "max_hold_s": (
+        "float",
+        None,
+        "Longest time a task may be kept back in all, free slot or not; after it, the fallback "
+        "heuristic places the task. Must be below [scheduler] task_queued_timeout (a held task is "
+        "queued in Airflow) and at least max_wait_s. Default: half of task_queued_timeout (300 s "
+        "with its default), at least max_wait_s; max_hold_s = max_wait_s is the single bound of "
+        "earlier versions.",
     ),
     "default_duration_s": (
         "float",
@@ -140,6 +151,7 @@ class ExecutorConfig:
     reconnect_backoff_max_s: int = 5
     max_request_bytes: int = 8 * 1024 * 1024
     max_wait_s: float = 60.0
+    max_hold_s: float | None = None
     default_duration_s: float = 60.0
     history_ttl_s: int = 300
     pool_check_interval_s: float = 30.0
@@ -178,6 +190,9 @@ class ExecutorConfig:
             raise ValueError(f"[{SECTION}] max_request_bytes must be in 1024..536870912, got {self.max_request_bytes}")
         if self.max_wait_s < 0:
             raise ValueError(f"[{SECTION}] max_wait_s must be >= 0, got {self.max_wait_s}")
+        if self.max_hold_s is not None and self.max_hold_s < self.max_wait_s:
+            raise ValueError(f"[{SECTION}] max_hold_s ({self.max_hold_s:g}) must be at least max_wait_s "
+                             f"({self.max_wait_s:g})")
         if self.default_duration_s <= 0:
             raise ValueError(f"[{SECTION}] default_duration_s must be > 0, got {self.default_duration_s}")
         if self.pool_check_interval_s < 0:
@@ -211,6 +226,18 @@ class ExecutorConfig:
         if not values.get("catalogue"):
             values["catalogue"] = packaged_catalogue()
         return cls(**values)
+
+
+def hold_bound(cfg: ExecutorConfig, queued_timeout: float) -> float:
+    """The longest a task may be held in all (``max_hold_s``, or its default from ``[scheduler]
+    task_queued_timeout``), checked below that timeout: the scheduler takes a task queued that
+    long for stuck and re-queues or fails it."""
+    hold = cfg.max_hold_s if cfg.max_hold_s is not None else max(cfg.max_wait_s, queued_timeout / 2)
+    name = "max_hold_s" if cfg.max_hold_s is not None or hold > cfg.max_wait_s else "max_wait_s"
+    if hold >= queued_timeout:
+        raise ValueError(f"[{SECTION}] {name} ({hold:g}) must be below [scheduler] task_queued_timeout "
+                         f"({queued_timeout:g}): a task held that long is taken for stuck in queued")
+    return hold
 
 
 def _to_bool(raw: Any) -> bool:

@@ -11,8 +11,9 @@ reason. No policy failure ever fails a task or stalls the scheduler loop past th
 
 A reply may leave a ready task out: the policy chose to *wait* for a better pool (late binding,
 as in the simulator it was trained in). The executor then keeps that workload back (it stays in
-the executor's queue and is offered again at the next heartbeat) for at most ``max_wait_s``;
-after that it is placed by the fallback heuristic, and the reason says so.
+the executor's queue and is offered again at the next heartbeat) for at most ``max_wait_s`` of
+time while a pool that could run it has a free slot, and ``max_hold_s`` in all
+(``policy/holds.py``); after that it is placed by the fallback heuristic, and the reason says so.
 
 The module stays light (no torch, no Redis connection at import); options are read once in
 ``__init__`` from ``[drl_executor]``.
@@ -24,6 +25,7 @@ import datetime
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -34,7 +36,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from airflow_drl_executor import metrics, traces
 from airflow_drl_executor.client import PlacementClient, PlacementUnavailable
-from airflow_drl_executor.config import ExecutorConfig
+from airflow_drl_executor.config import ExecutorConfig, hold_bound
 from airflow_drl_executor.graph_builder import (
     GraphBuilder,
     ReadyInstance,
@@ -50,6 +52,7 @@ from airflow_drl_executor.spool import default_dir as spool_default_dir
 from policy.catalogue import Catalogue, load_catalogue
 from policy.errors import PolicyError
 from policy.graph import view
+from policy.holds import HoldClocks, slot_free_for
 from policy.lru import LRU
 from policy.placement import EarliestFinishPlacer, feasible
 from policy.schema import Decision, PlacementRequest, PoolState, ReadyTask, RunGraph, RunProgress, TaskNode
@@ -90,10 +93,7 @@ class DRLExecutor(CeleryExecutor):
         super().__init__(*args, **kwargs)
         self.drl_config = ExecutorConfig.from_conf(self.conf)
         queued_timeout = float(self.conf.get("scheduler", "task_queued_timeout", fallback="600") or 600)
-        if self.drl_config.max_wait_s >= queued_timeout:  # the scheduler would requeue or fail it first
-            raise ValueError(f"[drl_executor] max_wait_s ({self.drl_config.max_wait_s:g}) must be below "
-                             f"[scheduler] task_queued_timeout ({queued_timeout:g}): a task held that long is "
-                             "taken for stuck in queued")
+        self.max_hold_s = hold_bound(self.drl_config, queued_timeout)  # the scheduler would requeue or fail it
         self.catalogue: Catalogue = load_catalogue(self.drl_config.catalogue)
         self.default_queue = str(self.conf.get("operators", "default_queue", fallback="default"))
         self.fallback_placer = EarliestFinishPlacer(fallback=True)
@@ -108,7 +108,9 @@ class DRLExecutor(CeleryExecutor):
         self._pool_watch: PoolWatch | None = None
         #: what this executor sent to each pool, in order, with each task's expected run time
         self.ledger = Ledger()
-        self._held_since: dict[Any, float] = {}
+        #: the hold clock of each task the policy keeps back (policy/holds.py: max_wait_s counts
+        #: the time a pool that fits it had a free slot, max_hold_s all of it), by task key
+        self._holds = HoldClocks(self.drl_config.max_wait_s, self.max_hold_s)
         self._open_slots: int | None = None  # of the heartbeat being processed
         #: task instances running on each pool per the metadata DB (every scheduler's), and the
         #: start (epoch s) of those of this executor's tasks in flight that run, as last read
@@ -171,7 +173,7 @@ class DRLExecutor(CeleryExecutor):
         self._apply_unmarks()  # once a heartbeat, not before every publish (found by review)
         live = self._pool_watch.live_workers() if self._pool_watch is not None else None
         down = sum(not _up(spec, live) for spec in self.catalogue.pools)
-        metrics.gauges(held=sum(1 for key in self._held_since if key in self.queued_tasks), pools_down=down,
+        metrics.gauges(held=self._held_count(), pools_down=down,
                        unwritten=len(self._unwritten))
         self._keep()  # a save the disk refused earlier (nothing when the spool is up to date)
 
@@ -276,7 +278,7 @@ class DRLExecutor(CeleryExecutor):
     # --- placement -------------------------------------------------------------------------------
 
     def _held_count(self) -> int:
-        return sum(1 for key in self._held_since if key in self.queued_tasks)
+        return sum(1 for key in self.queued_tasks if key in self._holds)
 
     @property
     def slots_available(self) -> int:
@@ -347,7 +349,7 @@ class DRLExecutor(CeleryExecutor):
                 and self.event_buffer.get(key, (None,))[0] != TaskInstanceState.FAILED]
         accepted = {key for key, _ in sent}
         for key in accepted:  # a task whose publish failed keeps its hold clock (found by review: it
-            self._held_since.pop(key, None)  # was held again from zero, max_wait_s per timeout)
+            self._holds.forget(key)  # was held again from zero, max_wait_s per timeout)
         metrics.sent(rec for _, rec in sent)
         for key, _ in records:
             if key not in accepted:
@@ -495,7 +497,7 @@ class DRLExecutor(CeleryExecutor):
         stale = [w for w in tasks
                  if w.ti.try_number < newest[(w.ti.dag_id, w.ti.run_id, w.ti.task_id, _map_index(w.ti))]]
         superseded = {id(w) for w in stale}
-        held = [w for w in tasks if self._key(w) in self._held_since and id(w) not in superseded]
+        held = [w for w in tasks if self._key(w) in self._holds and id(w) not in superseded]
         if held:
             from airflow.utils.session import create_session
 
@@ -511,7 +513,7 @@ class DRLExecutor(CeleryExecutor):
             self.log.info("DRLExecutor: %s/%s/%s try %s: no longer queued (cleared or set meanwhile): not sent",
                           w.ti.dag_id, w.ti.run_id, w.ti.task_id, w.ti.try_number)
             self.queued_tasks.pop(key, None)
-            self._held_since.pop(key, None)
+            self._holds.forget(key)
         return {id(w) for w in stale}
 
     def _with_held(self, ready_tasks: Sequence[ReadyTask], ready: Sequence[ReadyInstance],
@@ -521,7 +523,7 @@ class DRLExecutor(CeleryExecutor):
         now = time.monotonic()
         held: dict[tuple[str, str], float] = {}
         for inst, w in zip(ready, tasks, strict=True):
-            since = self._held_since.get(self._key(w))
+            since = self._holds.since(self._key(w))
             if since is not None:
                 key = (inst.run_key, inst.node)
                 held[key] = max(held.get(key, 0.0), now - since)
@@ -545,8 +547,8 @@ class DRLExecutor(CeleryExecutor):
                 remaining, mine = budget, 0
                 clock = time.monotonic()
                 for w in tasks:
-                    since = self._held_since.get(self._key(w))
-                    if id(w) not in theirs and since is not None and clock - since < self.drl_config.max_wait_s:
+                    key = self._key(w)
+                    if id(w) not in theirs and key in self._holds and not self._holds.overdue(key, clock):
                         continue  # held for a better pool: no slot spent on it ahead of theirs (found
                         # by review: a held task kept a task of its own queue back for max_wait_s);
                         # one whose hold is over is placed now and takes its turn by priority (found
@@ -631,9 +633,9 @@ class DRLExecutor(CeleryExecutor):
         records = []
         held: set[int] = set()
         now = time.monotonic()
-        if len(self._held_since) > len(tasks):  # forget tasks no longer queued here
-            queued = set(self.queued_tasks)
-            self._held_since = {k: t for k, t in self._held_since.items() if k in queued}
+        if len(self._holds) > len(tasks):  # forget tasks no longer queued here
+            self._holds.keep_only(self.queued_tasks)
+        kept: list[tuple[Any, TaskNode | None]] = []  # held by the policy: their clocks, after the loop
         placed: list[Any] = []
         planner = self.ledger.planner({p.name: p.slots for p in pools}, time.time())
         airflow_pools = self._airflow_pools([w for inst, w in zip(ready, tasks, strict=True)
@@ -641,22 +643,26 @@ class DRLExecutor(CeleryExecutor):
         for inst, w in zip(ready, tasks, strict=True):
             key = self._key(w)
             decision = decisions.get((inst.run_key, inst.node))
-            waited = now - self._held_since.get(key, now)
+            waited = self._holds.held_s(key, now)
             if budget is not None and len(placed) >= budget:
                 if decision is None:  # the policy waits: its clock runs as for any held task
-                    self._held_since.setdefault(key, now)
+                    kept.append((key, _node(graphs, inst)))
                 held.add(id(w))  # no slot left this heartbeat: offered again at the next
                 continue
             if decision is None:
                 # a held task would keep its slot of an Airflow pool (queued is an executing state
                 # there): a rate-limit pool would idle while its task waits for a better worker pool
                 airflow_pool = airflow_pools.get(uuid_text(w.ti.id))
-                if waited < self.drl_config.max_wait_s and airflow_pool is None:
-                    self._held_since.setdefault(key, now)
+                bound = self._holds.overdue(key, now)
+                if bound is None and airflow_pool is None:
+                    kept.append((key, _node(graphs, inst)))
                     held.add(id(w))
                     continue
-                why = (f"waited {waited:.0f}s for a better pool, placing now" if airflow_pool is None else
-                       f"not held: a held task keeps its slot of Airflow pool {airflow_pool!r}")
+                why = (f"not held: a held task keeps its slot of Airflow pool {airflow_pool!r}"
+                       if airflow_pool is not None else
+                       f"held {waited:.0f}s in all (max_hold_s), placing now" if bound == "max_hold" else
+                       f"waited {self._holds.waited_s(key, now):.0f}s for a better pool while one had a free "
+                       f"slot (max_wait_s), placing now")
                 decision = self._fallback([ReadyTask(inst.run_key, inst.node)], pools, graphs, why
                                           )[(inst.run_key, inst.node)]
                 decision = _noting(decision, ignored.get((inst.run_key, inst.node)))
@@ -666,7 +672,7 @@ class DRLExecutor(CeleryExecutor):
             features: dict[str, Any] = {}
             at = view(graph).index.get(inst.node) if graph is not None else None
             node = graph.tasks[at] if graph is not None and at is not None else stand_ins.get(
-                (inst.run_key, inst.node))
+                (inst.run_key, inst.node))  # (_node, and a stand-in for a task placed alone)
             if (inst.run_key, inst.node) in unsure:
                 self._wrote.discard(_instance(inst))
             else:
@@ -692,6 +698,9 @@ class DRLExecutor(CeleryExecutor):
                 inst.try_number, decision.pool, decision.vm_class, " [fallback]" if decision.fallback else "",
                 decision.reason,
             )
+        taken = Counter(w.ti.queue for w in placed)
+        for key, node in kept:  # whether a pool that fits it still has a free slot after this heartbeat's
+            self._holds.hold(key, now, node is not None and slot_free_for(node, pools, taken))  # placements
         if held:
             self.log.debug("DRLExecutor: request %s: %d task(s) wait for a better pool", request_id, len(held))
         if placed:
@@ -1056,6 +1065,13 @@ def _reschedule(tis: Sequence[Any]) -> None:
         ti.queued_by_job_id = None
         ti.external_executor_id = None
         ti.scheduled_dttm = now
+
+
+def _node(graphs: Mapping[str, RunGraph], inst: ReadyInstance) -> TaskNode | None:
+    """The node of ``inst`` in its run's graph (None: not in it)."""
+    graph = graphs.get(inst.run_key)
+    at = view(graph).index.get(inst.node) if graph is not None else None
+    return graph.tasks[at] if graph is not None and at is not None else None
 
 
 def _map_index(ti: Any) -> int:

@@ -79,6 +79,7 @@ _REASONS: tuple[tuple[str, str], ...] = (
     ("fallback (reply for", "bad_reply"),
     ("fallback (policy chose a pool not in the catalogue", "unknown_pool"),
     ("fallback (waited", "max_wait"),
+    ("fallback (held", "max_hold"),
     ("fallback (not held: a held task keeps its slot of Airflow pool", "airflow_pool"),
     ("fallback: cannot build the graph of its run", "graph"),
     ("fallback: cannot build the request", "request"),

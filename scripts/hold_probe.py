@@ -25,7 +25,7 @@ from policy.gnn import GNNPlacer
 from policy.schema import Decision, PlacementRequest, RunGraph
 from trainer.bench import setting_jobs
 from trainer.metrics import Bounds, summarize
-from trainer.simulator import SimConfig, Simulator
+from trainer.simulator import SimConfig, Simulator, executor_holds
 
 
 class _Counting:
@@ -51,11 +51,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dag-runs", type=int, default=30)
     ap.add_argument("--max-wait-s", type=float, default=None)
+    ap.add_argument("--max-hold-s", type=float, default=None,
+                    help="with --max-wait-s: the executor's bound on the whole hold (default 300; = --max-wait-s: "
+                         "the single bound of the figures before 2026-12-07)")
     ap.add_argument("--hold-ratio", type=float, default=HOLD_RATIO)
     args = ap.parse_args()
     cat = load_catalogue(args.pools)
     jobs = setting_jobs(args.workflows, args.position, args.seed, cat, args.dag_runs)
-    config = SimConfig(duration_noise=0.3, max_wait_s=args.max_wait_s)
+    max_wait_s, max_hold_s = executor_holds(args.max_wait_s, args.max_hold_s)
+    config = SimConfig(duration_noise=0.3, max_wait_s=max_wait_s, max_hold_s=max_hold_s)
     for allow_wait in (True, False):
         placer = _Counting(GNNPlacer.from_checkpoint(args.checkpoint, allow_wait=allow_wait,
                                                      hold_ratio=args.hold_ratio))

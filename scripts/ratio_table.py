@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 
 def family(setting: str) -> str:
@@ -73,7 +74,18 @@ def _table(path: str, metric: str) -> dict[str, dict[str, float]]:
 #: what a bench JSON's ``config`` must share with the baselines' for a ratio to pair the same
 #: streams (each setting's stream is drawn from its seed and position), and each one's default
 _SAME_STREAMS = {"seeds": None, "load": None, "arrival": "poisson", "dag_runs": None, "duration_noise": None,
-                 "failure_rate": 0.0, "dispatch_latency_s": 0.0, "max_wait_s": None, "scale_in": "sustained"}
+                 "failure_rate": 0.0, "dispatch_latency_s": 0.0, "max_wait_s": None, "max_hold_s": None,
+                 "scale_in": "sustained"}
+
+
+def _setting(config: dict[str, Any], key: str, default: Any) -> Any:
+    """``config[key]``, or what a file written before the key existed ran: ``default``; for
+    ``max_hold_s`` (2026-12-07), the one bound of then, on the whole hold: ``max_wait_s``."""
+    if key in config:
+        return default if config[key] is None else config[key]
+    if key == "max_hold_s":
+        return config.get("max_wait_s")
+    return default
 
 
 def check_same_streams(base: str, other: str) -> None:
@@ -86,7 +98,7 @@ def check_same_streams(base: str, other: str) -> None:
     if not a or not b:
         return
     for key, default in _SAME_STREAMS.items():
-        mine, theirs = (default if c.get(key) is None else c.get(key) for c in (b, a))  # older files: None
+        mine, theirs = (_setting(c, key, default) for c in (b, a))
         if mine != theirs:
             raise SystemExit(f"{other}: {key} {mine!r}, and {base} ran {theirs!r}: other streams")
     families = [[family(w) for w in c.get("workflows", [])] for c in (a, b)]

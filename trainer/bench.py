@@ -34,7 +34,7 @@ from policy.features import CP_GATE_SCOPES, HOLD_RATIO, check_hold_ratio, check_
 from trainer.baselines import LEARNED, expand, make_placer
 from trainer.metrics import Bounds, average, summarize
 from trainer.options import checked, float_arg, int_arg, output_file, output_folder, policies, probability
-from trainer.simulator import SCALE_IN_RULES, Job, SimConfig, SimResult, Simulator
+from trainer.simulator import SCALE_IN_RULES, Job, SimConfig, SimResult, Simulator, executor_holds
 from trainer.workloads import REPLAY_PREFIX, ArrivalSpec, load_templates, make_jobs, replay_jobs
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "or window (Kubernetes HPA's stabilisation window, which KEDA uses)")
     parser.add_argument("--max-wait-s", type=float_arg(0, "--max-wait-s"), default=None,
                         help="bound holding as the executor does ([drl_executor] max_wait_s, 60 there): a task "
-                             "held this long is placed by the fallback heuristic (default: unbounded)")
+                             "held this long while a pool that fits it has a free slot is placed by the fallback "
+                             "heuristic (default: unbounded)")
+    parser.add_argument("--max-hold-s", type=float_arg(0, "--max-hold-s"), default=None,
+                        help="the executor's other bound ([drl_executor] max_hold_s): a task held this long in all "
+                             "is placed by the fallback heuristic (default: with --max-wait-s, the executor's "
+                             "default, max(--max-wait-s, 300), else unbounded; equal to --max-wait-s: the single "
+                             "bound of versions before 2026-12-07, which every bounded figure measured before "
+                             "then used)")
     parser.add_argument("--hold-ratio", type=checked(check_hold_ratio), default=None,
                         help="the 'drl' policy's stop guard: stop (hold) is refused while a remaining task has a "
                              "free feasible pool finishing within this factor of its best (default: inf, "
@@ -150,8 +157,9 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         # overwrote the first's and the first was divided by the other stream's best
         raise WorkloadError(f"--workflows {', '.join(repeated)} given twice: one stream per setting (a second "
                             "would be other arrival draws; use --seeds for more)")
+    max_wait_s, max_hold_s = executor_holds(args.max_wait_s, args.max_hold_s)
     config = SimConfig(duration_noise=args.duration_noise, failure_rate=args.failure_rate,
-                       dispatch_latency_s=args.dispatch_latency, max_wait_s=args.max_wait_s,
+                       dispatch_latency_s=args.dispatch_latency, max_wait_s=max_wait_s, max_hold_s=max_hold_s,
                        scale_in=args.scale_in)
     seeds = [args.seed + k for k in range(args.seeds)]
     work = []
@@ -202,7 +210,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             "workflows": settings, "pools": str(args.pools), "policies": policies, "load": args.load,
             "arrival": args.arrival, "dag_runs": args.dag_runs, "seeds": seeds,
             "duration_noise": args.duration_noise, "failure_rate": args.failure_rate,
-            "dispatch_latency_s": args.dispatch_latency, "max_wait_s": args.max_wait_s, "scale_in": args.scale_in,
+            "dispatch_latency_s": args.dispatch_latency, "max_wait_s": config.max_wait_s,
+            "max_hold_s": config.max_hold_s, "scale_in": args.scale_in,
             "hold_ratio": str(HOLD_RATIO if args.hold_ratio is None else args.hold_ratio),
             "reserve_busy": "checkpoint" if args.reserve_busy is None else args.reserve_busy,
             "cp_gate": "checkpoint" if args.cp_gate is None else args.cp_gate,

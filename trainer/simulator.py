@@ -42,11 +42,12 @@ What decisions do
     that is down or cannot hold the task is refused the same way (counted in
     ``SimResult.refused_decisions``). A decision for a task that is not ready raises
     :class:`SimulationError`, as does a placer that leaves tasks ready while nothing can happen.
-    With ``SimConfig.max_wait_s`` set, holding is bounded as the executor bounds it (its
-    ``[drl_executor] max_wait_s``): a task first left without a decision at time t is offered
-    again until t + max_wait_s (a wake-up event makes that instant a decision point), then the
-    executor's fallback (:class:`~policy.placement.EarliestFinishPlacer`) places it, counted in
-    ``SimResult.wait_fallbacks``.
+    With ``SimConfig.max_wait_s`` / ``max_hold_s`` set, holding is bounded as the executor bounds
+    it (its ``[drl_executor] max_wait_s`` / ``max_hold_s``, ``policy/holds.py``): a task left
+    without a decision is offered again until it has been held ``max_wait_s`` while a pool that
+    fits it had a free slot, or ``max_hold_s`` in all (a wake-up event makes that instant a
+    decision point), then the executor's fallback (:class:`~policy.placement.EarliestFinishPlacer`)
+    places it, counted in ``SimResult.wait_fallbacks``.
 
 Durations and randomness
     ``TaskNode.duration_s`` is the *expected* run time at speed 1.0. The realised time of a try is
@@ -76,6 +77,7 @@ import numpy as np
 from policy.catalogue import Catalogue
 from policy.errors import PolicyError
 from policy.graph import GraphView, view
+from policy.holds import HoldClocks, slot_free_for
 from policy.placement import EarliestFinishPlacer, Placer
 from policy.schema import (
     MAX_FREE_AT,
@@ -150,9 +152,13 @@ class SimConfig:
     #: ``"window"`` keeps the most workers any moment of the last ``idle_scale_down_s`` needed
     #: (Kubernetes HPA's scale-down stabilisation window, which KEDA uses)
     scale_in: str = "sustained"
-    #: longest a task may be held (left without a decision) before the executor's fallback places
-    #: it, as ``[drl_executor] max_wait_s`` (default there 60); None = unbounded
+    #: longest a task may be held (left without a decision) while a pool that fits it has a free
+    #: slot, before the executor's fallback places it, as ``[drl_executor] max_wait_s`` (default
+    #: there 60); None = unbounded (``policy/holds.py``)
     max_wait_s: float | None = None
+    #: longest a task may be held in all, as ``[drl_executor] max_hold_s`` (default there 300);
+    #: None = unbounded. Equal to ``max_wait_s``: the single bound of earlier versions
+    max_hold_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.duration_noise < 0 or not math.isfinite(self.duration_noise):
@@ -161,8 +167,10 @@ class SimConfig:
             raise ValueError(f"scale_in must be one of {', '.join(SCALE_IN_RULES)}, got {self.scale_in!r}")
         if self.dispatch_latency_s < 0:
             raise ValueError(f"dispatch_latency_s must be >= 0, got {self.dispatch_latency_s!r}")
-        if self.max_wait_s is not None and not (self.max_wait_s >= 0 and math.isfinite(self.max_wait_s)):
-            raise ValueError(f"max_wait_s must be None or a finite number >= 0, got {self.max_wait_s!r}")
+        for name in ("max_wait_s", "max_hold_s"):
+            v = getattr(self, name)
+            if v is not None and not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be None or a finite number >= 0, got {v!r}")
         for name, rate in [("*", self.failure_rate), *self.pool_failure_rate.items()]:
             if not 0.0 <= rate < 1.0:
                 raise ValueError(f"failure rate of pool {name!r} must be in [0, 1), got {rate!r}")
@@ -229,7 +237,7 @@ class SimResult:
     requests: int = 0
     placer_s: float = 0.0
     refused_decisions: int = 0
-    #: tasks placed by the executor's fallback after being held ``max_wait_s``
+    #: tasks placed by the executor's fallback after being held ``max_wait_s`` / ``max_hold_s``
     wait_fallbacks: int = 0
     failed_tries: int = 0
     events: int = 0
@@ -244,6 +252,19 @@ _ARRIVE, _FINISH, _LAND, _BOOT, _SCALE, _DOWN, _UP, _SLOW, _FAST, _WAKE = range(
 #: added to the sequence number of an event that must come after every other of its instant
 _AFTER_ALL = 1 << 62
 SCALE_IN_RULES = ("sustained", "window")
+#: the executor's default ``max_hold_s`` under Airflow's default ``task_queued_timeout`` (600 s):
+#: half of it (``airflow_drl_executor.config.hold_bound``)
+EXECUTOR_MAX_HOLD_S = 300.0
+
+
+def executor_holds(max_wait_s: float | None, max_hold_s: float | None = None) -> tuple[float | None, float | None]:
+    """``(max_wait_s, max_hold_s)`` of :class:`SimConfig` for an executor with this ``max_wait_s``
+    (None: holds unbounded) and ``max_hold_s`` (None: its default, ``max(max_wait_s, 300)``)."""
+    if max_wait_s is None:
+        return None, max_hold_s
+    return max_wait_s, max(max_wait_s, EXECUTOR_MAX_HOLD_S) if max_hold_s is None else max_hold_s
+
+
 #: what places a task held past ``max_wait_s``: the executor's fallback
 _WAIT_FALLBACK = EarliestFinishPlacer(fallback=True)
 
@@ -389,7 +410,7 @@ class Simulator:
         self._graphs: dict[str, RunGraph] = {}
         self._ready: dict[tuple[int, int], ReadyTask] = {}
         self._ready_t: tuple[ReadyTask, ...] | None = None
-        self._held_since: dict[tuple[int, int], float] = {}
+        self._holds = HoldClocks(cfg.max_wait_s, cfg.max_hold_s)
         self._wait_fallbacks = 0
         self._dirty = False
         self._done = False
@@ -430,7 +451,7 @@ class Simulator:
         """Apply the decisions for the last request, then run to the next decision point."""
         self._apply(decisions)
         if self._ready:
-            self._note_holds(self.config.max_wait_s)
+            self._note_holds()
         self._dirty = False
         return self._advance()
 
@@ -752,19 +773,28 @@ class Simulator:
         return dataclasses.replace(st, max_slots=top if top > st.slots else None,
                                    boot_s=pool.spec.boot_delay_s, free_at=tuple(out[:MAX_FREE_AT]))
 
-    def _note_holds(self, limit: float | None) -> None:
-        """Note when each task left without a decision was first held (requests report it as
-        ``ReadyTask.held_s``, as the executor does); with ``limit`` set, the executor's bound on
-        holding: tasks held ``limit`` seconds are placed by its fallback."""
+    def _note_holds(self) -> None:
+        """Note each task left without a decision on its hold clock (requests report how long it
+        has been held as ``ReadyTask.held_s``, as the executor does) and whether a pool that fits
+        it has a free slot now; with ``max_wait_s`` / ``max_hold_s`` set, the executor's bounds on
+        holding (``policy/holds.py``): tasks past either are placed by its fallback."""
         now = self._now
+        holds = self._holds
+        bounded = holds.wait_s is not None or holds.hold_s is not None
+        free: list[PoolState] = []
+        if holds.wait_s is not None:
+            free = [st for p in self._pools if (st := p.state()).up and st.free_slots > 0]
         overdue = []
+        runs = self._runs
         for key in self._ready:
-            since = self._held_since.get(key)
-            if since is None:
-                self._held_since[key] = since = now
-                if limit is not None:
-                    self._push(now + limit, _WAKE)
-            if limit is not None and now - since >= limit - 1e-9:
+            slot_free = False
+            if free:
+                run = runs[key[0]]
+                assert run is not None
+                slot_free = slot_free_for(run.graph.tasks[key[1]], free)
+            for at in holds.hold(key, now, slot_free):
+                self._push(at, _WAKE)
+            if bounded and holds.overdue(key, now):
                 overdue.append(key)
         if overdue:
             decisions = _WAIT_FALLBACK.place(self._request(overdue), self._graphs)
@@ -780,10 +810,10 @@ class Simulator:
                 self._ready_t = tuple(self._ready.values())
             ready, keys = self._ready_t, list(self._ready)
         now = self._now
-        since = self._held_since
-        if since:  # how long each held task has waited (ReadyTask.held_s)
-            get = since.get
-            ready = tuple(t if (s := get(k, now)) >= now else ReadyTask(t.run_key, t.task_id, t.try_number, now - s)
+        if len(self._holds):  # how long each held task has waited (ReadyTask.held_s)
+            get = self._holds.since
+            ready = tuple(t if (s := get(k)) is None or s >= now else
+                          ReadyTask(t.run_key, t.task_id, t.try_number, now - s)
                           for k, t in zip(keys, ready, strict=True))
         seen: dict[int, None] = {}
         for r, _ in keys:
@@ -840,7 +870,7 @@ class Simulator:
                 continue
             del self._ready[(r, i)]
             placed.add((r, i))
-            self._held_since.pop((r, i), None)
+            self._holds.forget((r, i))
             self._ready_t = None
             run.state[i] = _QUEUED
             run.pool[i] = p

@@ -81,7 +81,7 @@ from policy.schema import Decision, PlacementRequest, RunGraph
 from trainer.baselines import make_placer
 from trainer.metrics import Bounds, summarize
 from trainer.options import finite_at_least, int_at_least, nearest_existing, policy_names
-from trainer.simulator import Job, SimConfig, Simulator
+from trainer.simulator import Job, SimConfig, Simulator, executor_holds
 from trainer.workloads import ArrivalSpec, load_templates, make_jobs
 
 log = logging.getLogger(__name__)
@@ -105,9 +105,14 @@ class Args:
     #: offered load and duration noise of the simulated streams
     load: float = 0.85
     duration_noise: float = 0.3
-    #: bound holds as the executor does (its ``max_wait_s``, 60 there): a task held this long is
-    #: placed by the fallback heuristic, in imitation, PPO and evaluation alike; 0 = unbounded
+    #: bound holds as the executor does (its ``max_wait_s``, 60 there): a task held this long while
+    #: a pool that fits it has a free slot is placed by the fallback heuristic, in imitation, PPO and
+    #: evaluation alike; 0 = unbounded
     max_wait_s: float = 0.0
+    #: with ``max_wait_s``, the executor's bound on the whole hold (its ``max_hold_s``); 0 = its
+    #: default, max(max_wait_s, 300). Checkpoints trained before 2026-12-07 had one bound, on the
+    #: whole hold: ``max_hold_s = max_wait_s``
+    max_hold_s: float = 0.0
     #: 1: the policy decodes with late binding on busy pools (``policy.features.RESERVE_BUSY``):
     #: a task it gives a pool with no free slot reserves that slot and waits; imitation learns
     #: the teacher's reservations; the checkpoint records it and decodes so when loaded
@@ -254,6 +259,7 @@ class Args:
         finite_at_least(self.load, 0, "load", strict=True)
         finite_at_least(self.duration_noise, 0, "duration_noise")
         finite_at_least(self.max_wait_s or 0.0, 0, "max_wait_s")  # None (older manifests) = 0 = unbounded
+        finite_at_least(self.max_hold_s or 0.0, 0, "max_hold_s")
         policy_names(self.candidates, baselines_only=True, name="candidates")
         if self.teacher != "auto" and policy_names(self.teacher, baselines_only=True, name="teacher") != [self.teacher]:
             raise ValueError(f"teacher must be 'auto' or one baseline, got {self.teacher!r}")
@@ -342,7 +348,8 @@ def time_scaled(graph: RunGraph, factor: float) -> RunGraph:
 
 def sim_config(args: Args) -> SimConfig:
     """The simulated world of training and evaluation streams."""
-    return SimConfig(duration_noise=args.duration_noise, max_wait_s=args.max_wait_s or None)
+    max_wait_s, max_hold_s = executor_holds(args.max_wait_s or None, args.max_hold_s or None)
+    return SimConfig(duration_noise=args.duration_noise, max_wait_s=max_wait_s, max_hold_s=max_hold_s)
 
 
 def simulate(catalogue: Catalogue, jobs: list[Job], placer: Placer, seed: int, args: Args) -> dict[str, Any]:

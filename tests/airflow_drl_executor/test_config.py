@@ -84,6 +84,25 @@ def test_max_wait_must_be_below_the_schedulers_queued_timeout(monkeypatch: pytes
     assert DRLExecutor().drl_config.max_wait_s == 20.0
 
 
+def test_max_hold_is_below_the_queued_timeout_and_at_least_max_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``max_hold_s`` bounds the whole hold (``max_wait_s`` only the time a pool had a free slot):
+    by default half of task_queued_timeout, never under max_wait_s; set, it must be below the
+    timeout (the scheduler would take the task for stuck first) and at least max_wait_s."""
+    from airflow_drl_executor.executor import DRLExecutor
+
+    assert DRLExecutor().max_hold_s == 300.0  # task_queued_timeout's default, 600
+    monkeypatch.setenv("AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT", "100")
+    assert DRLExecutor().max_hold_s == 60.0  # half would be 50: max_wait_s is the floor
+    monkeypatch.setenv("AIRFLOW__DRL_EXECUTOR__MAX_HOLD_S", "100")
+    with pytest.raises(ValueError, match=r"max_hold_s \(100\) must be below \[scheduler\] task_queued_timeout"):
+        DRLExecutor()
+    monkeypatch.setenv("AIRFLOW__DRL_EXECUTOR__MAX_HOLD_S", "30")
+    with pytest.raises(ValueError, match=r"max_hold_s \(30\) must be at least max_wait_s \(60\)"):
+        DRLExecutor()
+    monkeypatch.setenv("AIRFLOW__DRL_EXECUTOR__MAX_HOLD_S", "90")
+    assert DRLExecutor().max_hold_s == 90.0
+
+
 def test_the_redis_url_is_sensitive_and_can_come_from_a_command() -> None:
     """was: not declared sensitive, so Airflow ignored AIRFLOW__DRL_EXECUTOR__REDIS_URL_CMD (and
     _SECRET): the executor placed every task by the fallback on the default URL, and the password

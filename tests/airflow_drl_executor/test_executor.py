@@ -15,6 +15,7 @@ from airflow_drl_executor import executor as executor_mod
 from airflow_drl_executor.client import PlacementUnavailable
 from airflow_drl_executor.executor import DRLExecutor
 from airflow_drl_executor.graph_builder import Batch, GraphBuilder, _Structure
+from policy.holds import HoldClocks
 from policy.schema import Decision, PlacementReply, PlacementRequest, ReadyTask, RunGraph, TaskNode
 
 RUN = "etl/run1"
@@ -226,7 +227,7 @@ def test_a_bad_hint_or_a_missing_dag_costs_only_that_task_or_run(monkeypatch: py
                for t in ("train", "etl1", "etl2"))
     assert "ignored: task 'etl1': executor_config drl.cpus" in by_task["etl1"].reason
     # the policy waits on a; past max_wait_s the fallback places it, the reason still names the hint
-    ex.drl_config = dataclasses.replace(ex.drl_config, max_wait_s=0.0)
+    ex._holds = HoldClocks(wait_s=0.0, hold_s=ex.max_hold_s)  # [drl_executor] max_wait_s = 0
     ex._client = FakeClient(_reply({"b": "cpu-small"}))  # type: ignore[assignment]
     again = _workload("a")
     again.ti.dag_version_id = good
@@ -476,7 +477,7 @@ def test_held_tasks_do_not_let_callbacks_past_parallelism(monkeypatch: pytest.Mo
         w = Task(ti=_workload(tid).ti)
         ex.queued_tasks[w.ti.key] = w  # type: ignore[index]
     ex.trigger_tasks(ex.parallelism - len(ex.running))
-    assert len(ex._held_since) == 2 and not ex.running
+    assert len(ex._holds) == 2 and not ex.running
     ex.running.update({("busy", 1), ("busy", 2)})  # full
     for _ in range(2):
         cb = Callback(callback=CallbackDTO(id=str(uuid.uuid4()), fetch_method="import_path",
@@ -896,7 +897,7 @@ def test_placements_fallbacks_and_the_step_reach_airflows_statsd(monkeypatch: py
             ex.queued_tasks[w.ti.key] = w  # type: ignore[index]
         ex.trigger_tasks(8)
         monkeypatch.setattr(executor_mod.CeleryExecutor, "sync", lambda self: None)
-        ex._held_since[("gone", 1)] = 0.0  # a held task revoked since: not counted
+        ex._holds.hold(("gone", 1), 0.0, slot_free=False)  # a held task revoked since: not counted
         ex.sync()  # the gauges, at every heartbeat
         got: list[str] = []
         try:

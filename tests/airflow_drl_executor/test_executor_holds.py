@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import types
 import uuid
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,8 @@ from test_executor import FakeClient, _no_other_scheduler, _reply  # noqa: F401
 from airflow_drl_executor import executor as executor_mod
 from airflow_drl_executor.executor import DRLExecutor
 from airflow_drl_executor.graph_builder import Batch
+from airflow_drl_executor.metrics import fallback_cause
+from airflow_drl_executor.traces import PlacementRecord
 from policy.schema import ReadyTask, RunGraph, TaskNode
 
 RUN = "etl/run1"
@@ -85,7 +88,7 @@ def test_a_held_task_does_not_block_a_task_routed_to_a_queue_of_its_own(harness:
     train, report = _task("train", priority=10), _task("report", priority=5, queue="reporting")
     _queue(ex, train)
     _heartbeat(ex)
-    assert sent == [] and train.ti.key in ex._held_since, "train is held for a better pool"
+    assert sent == [] and train.ti.key in ex._holds, "train is held for a better pool"
     _queue(ex, report)
     _heartbeat(ex)
     assert sent == [("report", 1, "reporting")], \
@@ -108,7 +111,7 @@ def test_held_tasks_do_not_take_the_schedulers_free_slots(harness: types.SimpleN
     ex.running.update({("busy", 1), ("busy", 2)})
     _queue(ex, _task("g1", priority=10), _task("g2", priority=10))
     _heartbeat(ex)
-    assert harness.sent == [] and len(ex._held_since) == 2, "both held for a better pool"
+    assert harness.sent == [] and len(ex._holds) == 2, "both held for a better pool"
     assert ex.slots_available == 2, "the scheduler may queue two more ready tasks"
     assert ex.slots_occupied == 2, "core.parallelism: the held tasks occupy no slot"
 
@@ -177,7 +180,7 @@ def test_a_task_whose_publish_timed_out_after_its_hold_is_not_held_again(monkeyp
     train = _task("train")
     _queue(ex, train)
     _heartbeat(ex)
-    assert train.ti.key in ex._held_since
+    assert train.ti.key in ex._holds
     clock[0] += ex.drl_config.max_wait_s + 1
     _heartbeat(ex)  # placed by the fallback; the publish times out
     assert train.ti.key in ex.queued_tasks and published == [] and timeouts == [0]
@@ -235,7 +238,7 @@ def test_a_held_task_the_user_marked_success_is_not_sent(monkeypatch: pytest.Mon
     ex._client = FakeClient(_reply({}))  # type: ignore[assignment]  # the policy waits
     _queue(ex, load)
     _heartbeat(ex)
-    assert sent == [] and load.ti.key in ex._held_since
+    assert sent == [] and load.ti.key in ex._holds
     with engine.begin() as conn:  # marked success in the UI
         conn.execute(update(TaskInstance.__table__).where(TaskInstance.__table__.c.id == load.ti.id)
                      .values(state="success"))
@@ -252,7 +255,7 @@ def test_a_task_whose_hold_expired_is_not_starved_by_lower_priority_tasks_routed
     queue of its own (``reporting``, priority 1) arrives at every heartbeat.
 
     In ``_place`` (executor.py, the ``elsewhere`` budget loop) every task found in
-    ``_held_since`` is skipped when the open slots are shared out, whether or not its hold has
+    ``_holds`` is skipped when the open slots are shared out, whether or not its hold has
     expired, so the lower-priority ``reporting`` tasks take the only slot at every heartbeat and
     ``train`` is "held for want of a slot" again and again: it sits in queued past
     ``task_queued_timeout``, where the scheduler requeues it and finally fails it. Plain Celery
@@ -263,7 +266,7 @@ def test_a_task_whose_hold_expired_is_not_starved_by_lower_priority_tasks_routed
     train = _task("train", priority=10)
     _queue(ex, train)
     _heartbeat(ex)
-    assert sent == [] and train.ti.key in ex._held_since, "train is held for a better pool"
+    assert sent == [] and train.ti.key in ex._holds, "train is held for a better pool"
     harness.clock[0] += ex.drl_config.max_wait_s + 1  # its hold is over: placed by the fallback now
     for i in range(5):  # a steady stream of low-priority tasks routed to their own queue
         report = _task(f"report{i}", priority=1, queue="reporting")
@@ -274,3 +277,57 @@ def test_a_task_whose_hold_expired_is_not_starved_by_lower_priority_tasks_routed
     assert ("train", 1) in [(task, try_) for task, try_, _ in sent], \
         f"train (priority 10, hold over) was never sent; sent: {sent}"
     assert sent[0][0] == "train", "the highest-priority task whose hold is over takes the first open slot"
+
+
+def test_time_when_every_pool_is_full_does_not_count_towards_max_wait_s(
+        harness: types.SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The policy holds ``train`` at every heartbeat; for a while every pool is full.
+
+    User sees (before 2026-12-07, one bound on the whole time held): on a saturated cluster every
+    task the policy kept back for a free slot was placed by the fallback after 60 s, into a pool's
+    first-come-first-served Celery queue: on 1,000-task runs 80-90% of the tasks, the run order
+    the policy chose lost (docs/policy.md, "At 1,000 tasks the 60 s hold bound places most tasks
+    by the fallback"). Expected: ``max_wait_s`` counts only the time a pool that fits the task
+    had a free slot (as the previous heartbeat saw it, after that heartbeat's placements);
+    ``max_hold_s`` (default: half of ``task_queued_timeout``, 300 s) bounds the whole hold."""
+    ex, sent, clock = harness.ex, harness.sent, harness.clock
+    records: list[tuple[Any, PlacementRecord]] = []
+    monkeypatch.setattr(ex, "_record", records.extend)
+    free = ex.pool_states()
+    full = tuple(p.__class__(**{**p.__dict__, "busy": p.slots}) for p in free)
+    state = {"pools": free}
+    monkeypatch.setattr(ex, "pool_states", lambda: state["pools"])
+    ex._client = FakeClient(_reply({}))  # type: ignore[assignment]  # the policy holds every task it sees
+    assert ex.max_hold_s == 300.0
+    train = _task("train")
+    _queue(ex, train)
+    for at, pools in ((1000.0, free), (1040.0, full), (1100.0, full), (1110.0, free)):
+        clock[0], state["pools"] = at, pools
+        _heartbeat(ex)
+        assert sent == [] and train.ti.key in ex._holds, f"held at {at}"
+    assert ex._holds.waited_s(train.ti.key, 1110.0) == pytest.approx(40.0), "1040-1110 was full: not counted"
+    clock[0] = 1129.0
+    _heartbeat(ex)
+    assert sent == [], "59 s of 60 with a free slot"
+    clock[0] = 1130.0
+    _heartbeat(ex)
+    assert [t for t, _, _ in sent] == ["train"] and train.ti.key not in ex._holds
+    (rec,) = [r for _, r in records]
+    assert rec.fallback and "waited 60s for a better pool while one had a free slot (max_wait_s)" in rec.reason
+    assert rec.waited_s == pytest.approx(130.0), "the trace keeps the whole time held"
+
+    # every pool full from the start: held past max_wait_s, until max_hold_s
+    load = _task("load")
+    state["pools"] = full
+    clock[0] = 2000.0
+    _queue(ex, load)
+    for at in (2000.0, 2061.0, 2299.0):
+        clock[0] = at
+        _heartbeat(ex)
+        assert load.ti.key in ex._holds and len(sent) == 1, f"held at {at}"
+    clock[0] = 2300.0
+    _heartbeat(ex)
+    assert len(sent) == 2 and load.ti.key not in ex._holds
+    assert "held 300s in all (max_hold_s), placing now" in records[-1][1].reason
+    assert fallback_cause(records[-1][1].reason) == "max_hold"
+    assert fallback_cause(rec.reason) == "max_wait"

@@ -180,3 +180,26 @@ def test_ratio_table_refuses_bench_runs_of_other_streams(
            _config(model_workflows, model_seeds))
     message = _ratio_table(monkeypatch, [str(tmp_path / "base"), f"m={tmp_path / 'm'}", "--seeds", "0"])
     assert message is not None, "ratio_table paired bench runs of different streams"
+
+
+@pytest.mark.parametrize(("base_over", "model_over", "pairs"), [
+    ({}, {}, True),  # both written before max_hold_s: one bound, on the whole hold
+    ({}, {"max_hold_s": 60.0}, True),  # the single bound, named
+    ({}, {"max_hold_s": 300.0}, False),  # the executor's bounds since 2026-12-07: other simulations
+    ({"max_hold_s": 300.0}, {"max_hold_s": 300.0}, True),
+])
+def test_ratio_table_tells_the_single_hold_bound_from_the_two_of_2026_12_07(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        base_over: dict[str, Any], model_over: dict[str, Any], pairs: bool) -> None:
+    """A bench JSON written before ``max_hold_s`` existed ran one bound on the whole hold (what
+    ``max_hold_s = max_wait_s`` runs now); one of the default bounds since (``--max-wait-s 60``:
+    60 s counted while a pool had a free slot, 300 s in all) moved every bounded figure (BWA's
+    ``srpt+eft`` 383 -> 374 s), so the two are not paired."""
+    rows = [("srpt+eft", EPI, 100.0), ("heft", EPI, 90.0)]
+    _write(tmp_path / "base-0.json", "mean_jct_s", rows, _config([EPI], [0, 1], **base_over))
+    _write(tmp_path / "m-0.json", "mean_jct_s", [("drl", EPI, 95.0)], _config([EPI], [0, 1], **model_over))
+    message = _ratio_table(monkeypatch, [str(tmp_path / "base"), f"m={tmp_path / 'm'}", "--seeds", "0"])
+    assert (message is None) == pairs, message
+    if not pairs:
+        assert "max_hold_s" in str(message)
+    capsys.readouterr()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import numpy as np
@@ -119,6 +120,43 @@ def test_max_wait_leaves_a_placer_that_places_in_time_alone():
     check_conservation(at_once, tight, cat)
     with pytest.raises(ValueError, match="max_wait_s"):
         Simulator(cat, jobs, _Lazy(), seed=0, max_wait_s=-1.0)
+
+
+class _WhenFree:
+    """Places the oldest ready tasks on the pools' free slots, one a slot; holds the rest while
+    every pool is full (what a late-binding rule does on a saturated cluster)."""
+
+    name = "when-free"
+    version = "test"
+
+    def place(self, request: PlacementRequest, graphs: Mapping[str, RunGraph]) -> list[Decision]:
+        slots = [p for p in request.pools if p.up for _ in range(p.free_slots)]
+        ready = request.ready[:len(slots)]
+        return [Decision(r.run_key, r.task_id, p.name, p.vm_class) for r, p in zip(ready, slots[:len(ready)], strict=True)]
+
+
+def test_max_wait_counts_only_time_a_pool_had_a_free_slot():
+    # 40 runs of one 100 s task at once on 14 slots: 26 tasks are held while every slot is busy,
+    # 100-300 s each. max_wait_s counts none of that (the placer never holds a task while a slot
+    # is free): no task is placed by the fallback, the run order stays the placer's. The bound
+    # on the whole time held (max_hold_s; = max_wait_s is the single bound of earlier versions)
+    # places every task held that long.
+    cat = load_catalogue(f"{CATALOGUES}/speeds-1-2-4.yaml")
+    jobs = [Job(_chain(f"r{i:02d}", 1, 100.0), 0.0) for i in range(40)]
+    free = Simulator(cat, jobs, _WhenFree(), seed=0).run()
+    waited = Simulator(cat, jobs, _WhenFree(), seed=0, max_wait_s=7.0).run()
+    assert waited.wait_fallbacks == 0
+    assert [j.finish_s for j in waited.jobs] == [j.finish_s for j in free.jobs]
+    single = Simulator(cat, jobs, _WhenFree(), seed=0, max_wait_s=7.0, max_hold_s=7.0).run()
+    assert single.wait_fallbacks == 26  # every task not started at 0 reached 7 s held
+    held = Simulator(cat, jobs, _WhenFree(), seed=0, max_wait_s=7.0, max_hold_s=60.0).run()
+    # by 60 s 22 tasks have started (speed-4: 25 s a task on 2 slots, 6; speed-2: 50 s on 4, 8;
+    # speed-1: 100 s on 8, 8): the other 18 reach the bound still held
+    assert held.wait_fallbacks == 18
+    for r in (single, held):
+        check_conservation(jobs, r, cat)
+    with pytest.raises(ValueError, match="max_hold_s"):
+        Simulator(cat, jobs, _WhenFree(), seed=0, max_hold_s=math.inf)
 
 
 class _Recorder(_Lazy):

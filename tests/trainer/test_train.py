@@ -127,6 +127,10 @@ def test_max_wait_bounds_the_training_simulations_as_the_executor() -> None:
     assert sim_config(Args()).max_wait_s is None  # 0 = unbounded, as before
     bounded_args = Args(workflows="mlpipeline", max_wait_s=1e-3)
     assert sim_config(bounded_args).max_wait_s == 1e-3
+    # and the executor's bound on the whole hold: its default (300 s), or as given (= max_wait_s:
+    # the single bound the checkpoints trained with --max-wait-s before 2026-12-07 saw)
+    assert sim_config(bounded_args).max_hold_s == 300.0 and sim_config(Args()).max_hold_s is None
+    assert sim_config(Args(max_wait_s=60.0, max_hold_s=60.0)).max_hold_s == 60.0
     catalogue = load_catalogue(bounded_args.pools)
     setting = settings_from("mlpipeline", seed=1)[0]
     jobs = make_stream(setting, catalogue, 8, seed=5, args=bounded_args)
