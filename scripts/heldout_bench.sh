@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The held-out bench of docs/policy.md's ledger (Epigenomics traces, BWA and SoyKB recipes,
-# GPU-affinity cluster, load 0.85, noise 0.3, 30 runs, the executor's 60 s hold bound): the seven
+# GPU-affinity cluster, load 0.85, noise 0.3, 30 runs, the executor's hold bounds, --max-wait-s 60
+# and its default --max-hold-s 300; before 2026-12-07 evening one 60 s bound): the seven
 # baselines, then a checkpoint, for each seed pair given; JSON as scripts/ratio_table.py reads it.
 #
 #   scripts/heldout_bench.sh SCALE_IN OUT CHECKPOINT SEED [SEED ...]
