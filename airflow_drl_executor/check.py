@@ -61,12 +61,16 @@ def check_config(conf: Any) -> tuple[Finding, Any, Any]:
     try:
         cfg = ExecutorConfig.from_conf(conf)
         queued_timeout = float(conf.get("scheduler", "task_queued_timeout", fallback="600") or 600)
-        hold_bound(cfg, queued_timeout)
+        max_hold_s = hold_bound(cfg, queued_timeout)
         catalogue = load_catalogue(cfg.catalogue)
     except Exception as exc:  # noqa: BLE001 - whatever stops the executor's __init__ is the finding
         return Finding("config", FAIL, f"{type(exc).__name__}: {exc}"), None, None
     pools = ", ".join(f"{p.name} ({p.vm_class.name}, {p.workers} worker(s))" for p in catalogue.pools)
-    return Finding("config", OK, f"[{SECTION}] valid; catalogue {catalogue.source}: {pools}"), cfg, catalogue
+    # max_hold_s is derived from the scheduler's timeout when unset: say what the executor will use
+    holds = (f"holds: max_wait_s {cfg.max_wait_s:g} s with a free slot, max_hold_s {max_hold_s:g} s in all "
+             f"(task_queued_timeout {queued_timeout:g} s)")
+    return (Finding("config", OK, f"[{SECTION}] valid; {holds}; catalogue {catalogue.source}: {pools}"),
+            cfg, catalogue)
 
 
 def _label(name: Any) -> str:

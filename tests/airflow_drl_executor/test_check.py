@@ -55,6 +55,9 @@ def test_a_working_setup_is_ok_throughout(redis_url: str, tmp_path: Path,
     assert list(found) == ["config", "executor", "redis", "policy servers", "round trip", "workers", "spool"]
     assert {f.status for f in found.values()} == {OK}, found
     assert "c0 eft:" in found["policy servers"].detail and "on cpu" in found["policy servers"].detail
+    # the hold bounds the executor will use, max_hold_s derived from the scheduler's timeout
+    assert "holds: max_wait_s 60 s with a free slot, max_hold_s 300 s in all (task_queued_timeout 600 s)" \
+        in found["config"].detail
     assert "extract -> " in found["round trip"].detail  # a real placement of the probe request
     assert "cpu-small 1, cpu-large 1, gpu 1" in found["workers"].detail
 
