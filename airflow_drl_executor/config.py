@@ -13,6 +13,7 @@ from importlib import resources
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlsplit
 
+from policy.holds import default_hold_s
 from policy.transport import check_ca_cert, check_url, redacted_url
 
 SECTION = "drl_executor"
@@ -232,7 +233,7 @@ def hold_bound(cfg: ExecutorConfig, queued_timeout: float) -> float:
     """The longest a task may be held in all (``max_hold_s``, or its default from ``[scheduler]
     task_queued_timeout``), checked below that timeout: the scheduler takes a task queued that
     long for stuck and re-queues or fails it."""
-    hold = cfg.max_hold_s if cfg.max_hold_s is not None else max(cfg.max_wait_s, queued_timeout / 2)
+    hold = cfg.max_hold_s if cfg.max_hold_s is not None else default_hold_s(cfg.max_wait_s, queued_timeout)
     name = "max_hold_s" if cfg.max_hold_s is not None or hold > cfg.max_wait_s else "max_wait_s"
     if hold >= queued_timeout:
         raise ValueError(f"[{SECTION}] {name} ({hold:g}) must be below [scheduler] task_queued_timeout "

@@ -668,11 +668,8 @@ class DRLExecutor(CeleryExecutor):
                 decision = _noting(decision, ignored.get((inst.run_key, inst.node)))
             placed.append(w)
             w.ti.queue = decision.pool
-            graph = graphs.get(inst.run_key)
             features: dict[str, Any] = {}
-            at = view(graph).index.get(inst.node) if graph is not None else None
-            node = graph.tasks[at] if graph is not None and at is not None else stand_ins.get(
-                (inst.run_key, inst.node))  # (_node, and a stand-in for a task placed alone)
+            node = _node(graphs, inst) or stand_ins.get((inst.run_key, inst.node))  # placed alone: a stand-in
             if (inst.run_key, inst.node) in unsure:
                 self._wrote.discard(_instance(inst))
             else:

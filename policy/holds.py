@@ -32,6 +32,14 @@ from policy.schema import PoolState, TaskNode
 
 #: a bound counts as reached this close to it (float sums of simulated times)
 _EPS = 1e-9
+#: Airflow's default ``[scheduler] task_queued_timeout``
+QUEUED_TIMEOUT_S = 600.0
+
+
+def default_hold_s(wait_s: float, queued_timeout_s: float = QUEUED_TIMEOUT_S) -> float:
+    """The default bound on the whole hold (``max_hold_s`` unset): half of the scheduler's
+    ``task_queued_timeout`` (300 s with Airflow's default), never under ``wait_s``."""
+    return max(wait_s, queued_timeout_s / 2)
 
 
 @dataclass(slots=True)

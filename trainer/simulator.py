@@ -77,7 +77,7 @@ import numpy as np
 from policy.catalogue import Catalogue
 from policy.errors import PolicyError
 from policy.graph import GraphView, view
-from policy.holds import HoldClocks, slot_free_for
+from policy.holds import HoldClocks, default_hold_s, slot_free_for
 from policy.placement import EarliestFinishPlacer, Placer
 from policy.schema import (
     MAX_FREE_AT,
@@ -252,17 +252,12 @@ _ARRIVE, _FINISH, _LAND, _BOOT, _SCALE, _DOWN, _UP, _SLOW, _FAST, _WAKE = range(
 #: added to the sequence number of an event that must come after every other of its instant
 _AFTER_ALL = 1 << 62
 SCALE_IN_RULES = ("sustained", "window")
-#: the executor's default ``max_hold_s`` under Airflow's default ``task_queued_timeout`` (600 s):
-#: half of it (``airflow_drl_executor.config.hold_bound``)
-EXECUTOR_MAX_HOLD_S = 300.0
-
-
 def executor_holds(max_wait_s: float | None, max_hold_s: float | None = None) -> tuple[float | None, float | None]:
     """``(max_wait_s, max_hold_s)`` of :class:`SimConfig` for an executor with this ``max_wait_s``
     (None: holds unbounded) and ``max_hold_s`` (None: its default, ``max(max_wait_s, 300)``)."""
     if max_wait_s is None:
         return None, max_hold_s
-    return max_wait_s, max(max_wait_s, EXECUTOR_MAX_HOLD_S) if max_hold_s is None else max_hold_s
+    return max_wait_s, default_hold_s(max_wait_s) if max_hold_s is None else max_hold_s
 
 
 #: what places a task held past ``max_wait_s``: the executor's fallback
