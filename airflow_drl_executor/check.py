@@ -10,6 +10,11 @@ learned policy, or the executor will not start), with what it found:
 - ``executor``: ``[core] executor`` as Airflow parses it names a DRLExecutor class that imports
   (fail when an entry does not import), as the default executor (warn when another is the default
   or none is DRLExecutor).
+- ``limits``: Airflow's concurrency limits against the catalogue's worker slots (every pool at
+  its ``max_workers``): ``[core] max_active_tasks_per_dag`` (per DAG run), ``default_pool``'s slots
+  (read from the metadata database) and ``[core] parallelism``. A held task is queued in Airflow
+  and counts against the first two; below the slots, the policy never sees most of a wide run's
+  ready tasks, or the executor cannot fill the pools (warn; README, "Airflow's concurrency limits").
 - ``redis``: the policy servers' Redis answers ``PING`` with this URL, password and TLS settings.
 - ``policy servers``: the replicas with a fresh heartbeat (``server_stale_after_s``), each with
   its model version, the objective its registry names and its device; none means every placement
@@ -71,6 +76,61 @@ def check_config(conf: Any) -> tuple[Finding, Any, Any]:
              f"(task_queued_timeout {queued_timeout:g} s)")
     return (Finding("config", OK, f"[{SECTION}] valid; {holds}; catalogue {catalogue.source}: {pools}"),
             cfg, catalogue)
+
+
+def worker_slots(catalogue: Any) -> int:
+    """The catalogue's slots with every pool at its ``max_workers``."""
+    return sum((p.workers if p.max_workers is None else p.max_workers) * p.slots_per_worker for p in catalogue.pools)
+
+
+def check_limits(conf: Any, catalogue: Any, pool_slots: Callable[[], int | None] | None) -> Finding:
+    """Airflow's limits on what its scheduler hands the executor against the catalogue's slots.
+    ``pool_slots``: reads ``default_pool``'s slots (None: not read)."""
+    slots = worker_slots(catalogue)
+    try:
+        limits = {"[core] max_active_tasks_per_dag": int(conf.get("core", "max_active_tasks_per_dag", fallback="16")),
+                  "[core] parallelism": int(conf.get("core", "parallelism", fallback="32"))}
+    except (TypeError, ValueError) as exc:
+        return Finding("limits", FAIL, f"[core] settings: {exc}")
+    if pool_slots is not None:
+        try:
+            n = pool_slots()
+        except Exception as exc:  # noqa: BLE001 - the database is its own finding (traces)
+            n, unread = None, f"default_pool not read ({type(exc).__name__}: {exc})"
+        else:
+            unread = "no default_pool in the metadata database" if n is None else ""
+        if n is not None:
+            limits["default_pool slots"] = n
+    else:
+        unread = "default_pool not read"
+    if limits["[core] parallelism"] == 0:  # Airflow's "no limit"
+        del limits["[core] parallelism"]
+    low = {k: v for k, v in limits.items() if 0 <= v < slots}
+    text = ", ".join(f"{k} {v}" for k, v in limits.items()) + (f" ({unread})" if unread else "")
+    if low:
+        names = ", ".join(low)
+        return Finding("limits", WARN, f"{text}: {names} below the catalogue's {slots} worker slots (every pool at "
+                                       f"max_workers). A task held for a better pool is queued in Airflow and "
+                                       f"counts against max_active_tasks_per_dag and default_pool: raise "
+                                       f"{names} to at least {slots} so the policy sees the ready tasks of wide "
+                                       f"runs and the pools can fill (a DAG's own max_active_tasks overrides "
+                                       f"the first; README, \"Airflow's concurrency limits\")")
+    return Finding("limits", OK, f"{text}: none below the catalogue's {slots} worker slots")
+
+
+def default_pool_slots(timeout_s: float) -> Callable[[], int | None]:
+    """Reads ``default_pool``'s slots from the metadata database, bounded in time."""
+    from airflow_drl_executor.liveness import run_within
+
+    def read() -> int | None:
+        from airflow.models.pool import Pool
+        from airflow.utils.session import create_session
+
+        with create_session(scoped=False) as session:
+            pool = Pool.get_default_pool(session=session)
+            return None if pool is None else int(pool.slots)
+
+    return lambda: run_within(read, timeout_s, "default-pool")
 
 
 def _label(name: Any) -> str:
@@ -327,6 +387,7 @@ def run_checks(conf: Any, *, workers: Callable[[], Any] | None = None, database:
     out = [found, check_executor(executor_names, team)]
     if cfg is None:
         return out
+    out.append(check_limits(conf, catalogue, default_pool_slots(max(timeout_s, 5.0)) if database else None))
     redis_found, r = check_redis(cfg, timeout_s)
     out.append(redis_found)
     if r is not None:

@@ -75,7 +75,7 @@ def _table(path: str, metric: str) -> dict[str, dict[str, float]]:
 #: streams (each setting's stream is drawn from its seed and position), and each one's default
 _SAME_STREAMS = {"seeds": None, "load": None, "arrival": "poisson", "dag_runs": None, "duration_noise": None,
                  "failure_rate": 0.0, "dispatch_latency_s": 0.0, "max_wait_s": None, "max_hold_s": None,
-                 "scale_in": "sustained"}
+                 "scale_in": "sustained", "max_active_tasks": None, "pool_slots": None, "parallelism": None}
 
 
 def _setting(config: dict[str, Any], key: str, default: Any) -> Any:

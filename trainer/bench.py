@@ -85,6 +85,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default, max(--max-wait-s, 300), else unbounded; equal to --max-wait-s: the single "
                              "bound of versions before 2026-12-07, which every bounded figure measured before "
                              "then used)")
+    parser.add_argument("--max-active-tasks", type=int_arg(1, "--max-active-tasks"), default=None,
+                        help="Airflow's [core] max_active_tasks_per_dag (per DAG run; 16 by default there): the "
+                             "scheduler hands the executor at most this many tasks of one run queued (held "
+                             "included) or running (default: no limit, as every figure before 2026-12-07 night)")
+    parser.add_argument("--pool-slots", type=int_arg(1, "--pool-slots"), default=None,
+                        help="the slots of Airflow's default_pool (128 by default there): at most this many tasks "
+                             "of all runs queued (held included) or running (default: no limit)")
+    parser.add_argument("--parallelism", type=int_arg(1, "--parallelism"), default=None,
+                        help="Airflow's [core] parallelism (32 by default there): at most this many tasks sent to "
+                             "Celery and not finished; held tasks do not count (default: no limit)")
     parser.add_argument("--hold-ratio", type=checked(check_hold_ratio), default=None,
                         help="the 'drl' policy's stop guard: stop (hold) is refused while a remaining task has a "
                              "free feasible pool finishing within this factor of its best (default: inf, "
@@ -160,7 +170,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     max_wait_s, max_hold_s = executor_holds(args.max_wait_s, args.max_hold_s)
     config = SimConfig(duration_noise=args.duration_noise, failure_rate=args.failure_rate,
                        dispatch_latency_s=args.dispatch_latency, max_wait_s=max_wait_s, max_hold_s=max_hold_s,
-                       scale_in=args.scale_in)
+                       scale_in=args.scale_in, max_active_tasks=args.max_active_tasks,
+                       pool_slots=args.pool_slots, parallelism=args.parallelism)
     seeds = [args.seed + k for k in range(args.seeds)]
     work = []
     for s, spec in enumerate(settings):
@@ -212,6 +223,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             "duration_noise": args.duration_noise, "failure_rate": args.failure_rate,
             "dispatch_latency_s": args.dispatch_latency, "max_wait_s": config.max_wait_s,
             "max_hold_s": config.max_hold_s, "scale_in": args.scale_in,
+            "max_active_tasks": args.max_active_tasks, "pool_slots": args.pool_slots,
+            "parallelism": args.parallelism,
             "hold_ratio": str(HOLD_RATIO if args.hold_ratio is None else args.hold_ratio),
             "reserve_busy": "checkpoint" if args.reserve_busy is None else args.reserve_busy,
             "cp_gate": "checkpoint" if args.cp_gate is None else args.cp_gate,

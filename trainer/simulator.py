@@ -49,6 +49,20 @@ What decisions do
     decision point), then the executor's fallback (:class:`~policy.placement.EarliestFinishPlacer`)
     places it, counted in ``SimResult.wait_fallbacks``.
 
+Airflow's limits
+    Airflow's scheduler hands the executor only the task instances its concurrency limits allow:
+    at most ``[core] max_active_tasks_per_dag`` (a DAG's ``max_active_tasks``; per DAG run since
+    Airflow 3, 16 by default) of one run queued or running, at most ``default_pool``'s slots (128)
+    of all runs, and the executor sends at most ``[core] parallelism`` (32) not yet finished. A
+    task held for a better pool is queued in Airflow, so it counts against the first two and not
+    against the third (``DRLExecutor.slots_available``). With ``SimConfig.max_active_tasks`` /
+    ``pool_slots`` set, a task whose parents are done waits, unseen by the placer, until the
+    scheduler would queue it: by priority weight (``downstream_weights``, Airflow's default rule:
+    one plus the task's descendants), then oldest run, then task; a try that fails or is killed
+    waits again. With ``parallelism`` set, decisions past it are not applied (the tasks stay
+    ready, held). All three default to None: no limit, what every figure before 2026-12-07 night
+    assumed (the executor offered every ready task).
+
 Durations and randomness
     ``TaskNode.duration_s`` is the *expected* run time at speed 1.0. The realised time of a try is
     ``duration_s * noise / (pool speed * affinity[kind] * slow-down)`` with ``noise`` log-normal of
@@ -159,6 +173,16 @@ class SimConfig:
     #: longest a task may be held in all, as ``[drl_executor] max_hold_s`` (default there 300);
     #: None = unbounded. Equal to ``max_wait_s``: the single bound of earlier versions
     max_hold_s: float | None = None
+    #: Airflow's concurrency limits on what its scheduler hands the executor (section "Airflow's
+    #: limits" above; None = no limit, as every figure before 2026-12-07 night ran):
+    #: ``max_active_tasks`` tasks of one DAG run queued (held or sent) or running at once
+    #: (``[core] max_active_tasks_per_dag``, per DAG run since Airflow 3; 16 by default),
+    #: ``pool_slots`` of all runs (``default_pool``'s slots, 128 by default), ``parallelism`` tasks
+    #: sent and not finished (``[core] parallelism``, 32 by default; held tasks do not count, as
+    #: ``DRLExecutor.slots_available`` leaves them out)
+    max_active_tasks: int | None = None
+    pool_slots: int | None = None
+    parallelism: int | None = None
 
     def __post_init__(self) -> None:
         if self.duration_noise < 0 or not math.isfinite(self.duration_noise):
@@ -171,6 +195,10 @@ class SimConfig:
             v = getattr(self, name)
             if v is not None and not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be None or a finite number >= 0, got {v!r}")
+        for name in ("max_active_tasks", "pool_slots", "parallelism"):
+            n = getattr(self, name)
+            if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+                raise ValueError(f"{name} must be None or an integer >= 1, got {n!r}")
         for name, rate in [("*", self.failure_rate), *self.pool_failure_rate.items()]:
             if not 0.0 <= rate < 1.0:
                 raise ValueError(f"failure rate of pool {name!r} must be in [0, 1), got {rate!r}")
@@ -247,7 +275,8 @@ class SimResult:
 
 # --- the simulator ------------------------------------------------------------------------------
 
-_WAITING, _READY, _QUEUED, _RUNNING, _DONE = range(5)
+#: a task's states; _SCHEDULED: its parents are done but Airflow's limits keep it from the executor
+_WAITING, _READY, _QUEUED, _RUNNING, _DONE, _SCHEDULED = range(6)
 _ARRIVE, _FINISH, _LAND, _BOOT, _SCALE, _DOWN, _UP, _SLOW, _FAST, _WAKE = range(10)
 #: added to the sequence number of an event that must come after every other of its instant
 _AFTER_ALL = 1 << 62
@@ -270,6 +299,7 @@ class _Run:
     __slots__ = (
         "idx", "job", "graph", "view", "pending", "state", "tries", "token", "pool", "started",
         "noise", "fail_u", "fail_frac", "seed", "finished", "active", "remaining", "_finished_t",
+        "admitted", "weight",
     )
 
     def __init__(self, idx: int, job: Job, seed: int, noise: float) -> None:
@@ -293,6 +323,8 @@ class _Run:
         self.active: dict[int, None] = {}
         self.remaining = n
         self._finished_t: tuple[str, ...] | None = None
+        self.admitted = 0  # tasks Airflow's limits count: handed to the executor and not finished
+        self.weight: list[int] = []  # Airflow's priority_weight of each task (when limits are set)
 
     def retry_draws(self, i: int, sigma: float) -> tuple[float, float, float]:
         """Noise, failure draw and failed fraction of task ``i``'s current try past the first: from
@@ -306,6 +338,18 @@ class _Run:
         if self._finished_t is None or len(self._finished_t) != len(self.finished):
             self._finished_t = tuple(self.finished)
         return self._finished_t
+
+
+def downstream_weights(g: GraphView) -> list[int]:
+    """Airflow's ``priority_weight`` of each task under its default ``weight_rule`` (downstream)
+    with every task's own weight 1: one plus the number of its descendants."""
+    below: list[int] = [0] * len(g.children)  # bit set of each task's descendants
+    for i in reversed(g.order):
+        bits = 0
+        for c in g.children[i]:
+            bits |= below[c] | (1 << c)
+        below[i] = bits
+    return [1 + b.bit_count() for b in below]
 
 
 def _lognormal(rng: np.random.Generator, sigma: float, n: int) -> list[float]:
@@ -406,6 +450,11 @@ class Simulator:
         self._ready: dict[tuple[int, int], ReadyTask] = {}
         self._ready_t: tuple[ReadyTask, ...] | None = None
         self._holds = HoldClocks(cfg.max_wait_s, cfg.max_hold_s)
+        # Airflow's limits: tasks whose parents are done but which the scheduler has not handed
+        # over yet, a heap of (-priority_weight, task) per run; and how many it has handed over
+        self._gate = cfg.max_active_tasks is not None or cfg.pool_slots is not None
+        self._scheduled: dict[int, list[tuple[int, int]]] = {}
+        self._admitted = 0
         self._wait_fallbacks = 0
         self._dirty = False
         self._done = False
@@ -546,6 +595,8 @@ class Simulator:
                 _, _, kind, a, b, c = heapq.heappop(heap)
                 self._events += 1
                 self._handle(kind, a, b, c)
+            if self._scheduled:
+                self._admit()
             self._autoscale()
             self._dirty = True
 
@@ -609,14 +660,63 @@ class Simulator:
             return
         self._active[idx] = run
         self._graphs[job.run_key] = job.graph
+        if self._gate:
+            run.weight = downstream_weights(run.view)
         for i, n in enumerate(run.pending):
             if n == 0:
                 self._make_ready(run, i)
 
     def _make_ready(self, run: _Run, i: int) -> None:
+        if self._gate:  # the scheduler hands it over when Airflow's limits let it (_admit)
+            run.state[i] = _SCHEDULED
+            heapq.heappush(self._scheduled.setdefault(run.idx, []), (-run.weight[i], i))
+            return
         run.state[i] = _READY
         self._ready[(run.idx, i)] = ReadyTask(run.graph.run_key, run.graph.tasks[i].task_id, run.tries[i])
         self._ready_t = None
+
+    def _admit(self) -> None:
+        """Hand scheduled tasks to the executor as Airflow's scheduler queues them: by priority
+        weight (highest first), then by run (oldest first), then by task, while the run has fewer
+        than ``max_active_tasks`` and all runs fewer than ``pool_slots`` queued or running."""
+        cfg = self.config
+        if cfg.pool_slots is not None and self._admitted >= cfg.pool_slots:
+            return
+        per_run = cfg.max_active_tasks
+        candidates: list[tuple[int, int, int]] = []
+        for r, heap in self._scheduled.items():
+            run = self._runs[r]
+            assert run is not None
+            k = len(heap) if per_run is None else min(len(heap), per_run - run.admitted)
+            if k > 0:
+                candidates.extend((w, r, i) for w, i in (heap if k == len(heap) else heapq.nsmallest(k, heap)))
+        if not candidates:
+            return
+        candidates.sort()
+        if cfg.pool_slots is not None:
+            del candidates[cfg.pool_slots - self._admitted:]
+        taken: dict[int, int] = {}
+        for _, r, _ in candidates:
+            taken[r] = taken.get(r, 0) + 1
+        for r, k in taken.items():  # a run's admitted tasks are the first of its own order
+            run = self._runs[r]
+            assert run is not None
+            heap = self._scheduled[r]
+            for _ in range(k):
+                _, i = heapq.heappop(heap)
+                run.state[i] = _READY
+                self._ready[(r, i)] = ReadyTask(run.graph.run_key, run.graph.tasks[i].task_id, run.tries[i])
+            if not heap:
+                del self._scheduled[r]
+            run.admitted += k
+            self._admitted += k
+        self._ready_t = None
+
+    def _release(self, run: _Run) -> None:
+        """One of ``run``'s handed-over tasks finished or went back to scheduled."""
+        if self._gate:
+            run.admitted -= 1
+            self._admitted -= 1
 
     def _start(self, pool: PoolRuntime, r: int, i: int) -> None:
         run = self._runs[r]
@@ -664,6 +764,7 @@ class Simulator:
             TaskRecord(run.graph.run_key, task_id, run.tries[i], pool.name, run.started[i], self._now, ok)
         )
         run.active.pop(i, None)
+        self._release(run)
         if not ok:
             self._failed += 1
             run.tries[i] += 1
@@ -696,6 +797,7 @@ class Simulator:
                 if run.pool[i] != p:
                     continue
                 run.active.pop(i)
+                self._release(run)
                 if run.state[i] == _RUNNING:
                     pool.running -= 1
                     pool.expect.pop((run.idx, i), None)
@@ -793,8 +895,7 @@ class Simulator:
                 overdue.append(key)
         if overdue:
             decisions = _WAIT_FALLBACK.place(self._request(overdue), self._graphs)
-            self._wait_fallbacks += len(decisions)
-            self._apply(decisions)
+            self._wait_fallbacks += self._apply(decisions)
 
     def _request(self, keys: Sequence[tuple[int, int]] | None = None) -> PlacementRequest:
         """The request for every ready task, or for ``keys`` only."""
@@ -838,12 +939,18 @@ class Simulator:
             created_at=now,
         )
 
-    def _apply(self, decisions: Iterable[Decision]) -> None:
+    def _apply(self, decisions: Iterable[Decision]) -> int:
+        """Send the tasks of ``decisions``; returns how many were sent."""
         latency = self.config.dispatch_latency_s
         touched: dict[int, None] = {}
         run_idx = {run.graph.run_key: r for r, run in self._active.items()}
         placed: set[tuple[int, int]] = set()  # by this batch: a duplicate decision is skipped
+        # [core] parallelism: the executor sends at most its open slots; the rest stay held
+        room = (math.inf if self.config.parallelism is None else
+                self.config.parallelism - sum(p.running + p.queued for p in self._pools))
         for d in decisions:
+            if room <= 0:
+                break
             r = run_idx.get(d.run_key)
             run = self._runs[r] if r is not None else None
             i = run.view.index.get(d.task_id) if run is not None else None
@@ -868,6 +975,7 @@ class Simulator:
             self._holds.forget((r, i))
             self._ready_t = None
             run.state[i] = _QUEUED
+            room -= 1
             run.pool[i] = p
             run.active[i] = None
             self._decisions += 1
@@ -883,4 +991,5 @@ class Simulator:
             self._fill(pool)
         if touched:
             self._autoscale()
+        return len(placed)
 

@@ -182,6 +182,23 @@ def test_ratio_table_refuses_bench_runs_of_other_streams(
     assert message is not None, "ratio_table paired bench runs of different streams"
 
 
+@pytest.mark.parametrize("limit", ["max_active_tasks", "pool_slots", "parallelism"])
+def test_ratio_table_refuses_to_pair_runs_under_other_airflow_limits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], limit: str) -> None:
+    """Airflow's concurrency limits (``drl-trainer bench --max-active-tasks`` etc.) change what
+    the placer is offered: a file without the key ran none, and is not paired with one that ran
+    them (Airflow's default per-run limit of 16 slowed ``srpt+eft`` 5-22% held out)."""
+    rows = [("srpt+eft", EPI, 100.0), ("heft", EPI, 90.0)]
+    _write(tmp_path / "base-0.json", "mean_jct_s", rows, _config([EPI], [0, 1]))
+    _write(tmp_path / "m-0.json", "mean_jct_s", [("drl", EPI, 95.0)], _config([EPI], [0, 1], **{limit: 16}))
+    message = _ratio_table(monkeypatch, [str(tmp_path / "base"), f"m={tmp_path / 'm'}", "--seeds", "0"])
+    assert message is not None and limit in str(message)
+    _write(tmp_path / "base-0.json", "mean_jct_s", rows, _config([EPI], [0, 1], **{limit: None}))
+    _write(tmp_path / "m-0.json", "mean_jct_s", [("drl", EPI, 95.0)], _config([EPI], [0, 1]))
+    assert _ratio_table(monkeypatch, [str(tmp_path / "base"), f"m={tmp_path / 'm'}", "--seeds", "0"]) is None
+    capsys.readouterr()
+
+
 @pytest.mark.parametrize(("base_over", "model_over", "pairs"), [
     ({}, {}, True),  # both written before max_hold_s: one bound, on the whole hold
     ({}, {"max_hold_s": 60.0}, True),  # the single bound, named
