@@ -162,10 +162,29 @@ class DRLExecutor(CeleryExecutor):
             ", ".join(self.catalogue.names), self.catalogue.source, redacted_url(cfg.redis_url),
             cfg.key_prefix, cfg.decision_timeout_ms, cfg.pool_check_interval_s,
         )
+        self._warn_limits()
         if self.default_queue not in self.catalogue.names:
             self.log.info("DRLExecutor: [operators] default_queue %r is not one of the pools: every task is "
                           "placed on a pool, and a callback for that queue runs on a live CPU pool",
                           self.default_queue)
+
+    def _warn_limits(self) -> None:
+        """Say so in the scheduler's log when Airflow's limits are below the catalogue's worker
+        slots: the scheduler then hands the policy only part of a wide run's ready tasks
+        (``airflow drl-executor check``'s ``limits`` line reads default_pool's slots too)."""
+        from airflow.configuration import conf
+
+        from airflow_drl_executor.check import worker_slots
+
+        slots = worker_slots(self.catalogue)
+        per_run = conf.getint("core", "max_active_tasks_per_dag", fallback=16)
+        low = [f"{name} {value}" for name, value in (("[core] max_active_tasks_per_dag", per_run),
+                                                    ("[core] parallelism", self.parallelism))
+               if 0 < value < slots]
+        if low:
+            self.log.warning("DRLExecutor: %s below the catalogue's %d worker slots: raise them, or the policy "
+                             "sees only part of each run's ready tasks (README, \"Airflow's concurrency limits\")",
+                             ", ".join(low), slots)
 
     def sync(self) -> None:
         self._flush_traces()  # those the DB refused, at every heartbeat until it takes them

@@ -328,3 +328,17 @@ def test_every_airflow_container_shares_the_task_logs() -> None:
                for name, svc in airflow.items()}
     named = {v.get(logs) for v in volumes.values()}
     assert len(named) == 1 and named.pop() in COMPOSE["volumes"], volumes
+
+
+def test_airflows_limits_let_the_policy_see_what_the_pools_can_run() -> None:
+    """Airflow's defaults hand the executor at most 16 tasks of a DAG run (held ones included) and
+    32 in all; the compose file sets each limit, at least the catalogue's worker slots, as
+    ``airflow drl-executor check`` asks (its ``limits`` line)."""
+    from airflow_drl_executor.check import worker_slots
+    from policy.catalogue import load_catalogue
+
+    env = COMPOSE["x-airflow-env"]
+    slots = worker_slots(load_catalogue(REPO / "policy/catalogues/demo.yaml"))
+    for key in ("AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG", "AIRFLOW__CORE__PARALLELISM",
+                "AIRFLOW__CORE__DEFAULT_POOL_TASK_SLOT_COUNT"):
+        assert int(env[key]) >= slots, key

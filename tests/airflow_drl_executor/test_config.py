@@ -176,3 +176,45 @@ def test_the_request_limit_is_an_option_the_client_is_given(monkeypatch: pytest.
         assert ex._client is not None and ex._client.max_request_bytes == 65536
     finally:
         ex._client.close()
+
+
+class _Said:
+    """A logger that keeps what it was told (Airflow's executor logs through structlog)."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str]] = []
+
+    def warning(self, msg: str, *args: object) -> None:
+        self.lines.append(("warning", msg % args))
+
+    def info(self, msg: str, *args: object) -> None:
+        self.lines.append(("info", msg % args))
+
+    def debug(self, msg: str, *args: object) -> None:
+        self.lines.append(("debug", msg % args))
+
+
+@pytest.mark.parametrize(("per_run", "warned"), [("16", True), ("28", False)])
+def test_the_executor_warns_at_start_when_airflows_limits_hide_ready_tasks(
+        monkeypatch: pytest.MonkeyPatch, per_run: str, warned: bool) -> None:
+    """Airflow's default max_active_tasks_per_dag (16, per DAG run) against the GPU-affinity
+    cluster's 28 worker slots: the scheduler would hand the policy at most 16 tasks of a run, and
+    the scheduler's log says so at start (as ``airflow drl-executor check`` does)."""
+    from airflow_drl_executor.executor import DRLExecutor
+
+    monkeypatch.setenv("AIRFLOW__DRL_EXECUTOR__CATALOGUE", "policy/catalogues/gpu-affinity.yaml")
+    monkeypatch.setenv("AIRFLOW__DRL_EXECUTOR__RECORD_TRACES", "false")
+    monkeypatch.setenv("AIRFLOW__DRL_EXECUTOR__POOL_CHECK_INTERVAL_S", "0")
+    monkeypatch.setenv("AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG", per_run)
+    said = _Said()
+    monkeypatch.setattr(DRLExecutor, "log", property(lambda self: said))
+    ex = DRLExecutor(parallelism=64)
+    ex.start()
+    try:
+        warnings = [text for level, text in said.lines if level == "warning" and "worker slots" in text]
+        assert bool(warnings) == warned, said.lines
+        if warned:
+            assert "[core] max_active_tasks_per_dag 16 below the catalogue's 28 worker slots" in warnings[0]
+            assert "parallelism" not in warnings[0]
+    finally:
+        ex._client.close()
