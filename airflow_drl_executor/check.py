@@ -112,8 +112,9 @@ def check_limits(conf: Any, catalogue: Any, pool_slots: Callable[[], int | None]
         return Finding("limits", WARN, f"{text}: {names} below the catalogue's {slots} worker slots (every pool at "
                                        f"max_workers). A task held for a better pool is queued in Airflow and "
                                        f"counts against max_active_tasks_per_dag and default_pool: raise "
-                                       f"{names} to at least {slots} so the policy sees the ready tasks of wide "
-                                       f"runs and the pools can fill (a DAG's own max_active_tasks overrides "
+                                       f"{names} to at least {slots}, better a few times that, so the policy sees "
+                                       f"the ready tasks of wide runs and the pools can fill (a DAG's own "
+                                       f"max_active_tasks overrides "
                                        f"the first; README, \"Airflow's concurrency limits\")")
     return Finding("limits", OK, f"{text}: none below the catalogue's {slots} worker slots")
 
