@@ -12,7 +12,8 @@ learned policy, or the executor will not start), with what it found:
   or none is DRLExecutor).
 - ``limits``: Airflow's concurrency limits against the catalogue's worker slots (every pool at
   its ``max_workers``): ``[core] max_active_tasks_per_dag`` (per DAG run), ``default_pool``'s slots
-  (read from the metadata database) and ``[core] parallelism``. A held task is queued in Airflow
+  and each active DAG's own ``max_active_tasks`` (read from the metadata database) and ``[core]
+  parallelism``. A held task is queued in Airflow
   and counts against the first two; below the slots, the policy never sees most of a wide run's
   ready tasks, or the executor cannot fill the pools (warn; README, "Airflow's concurrency limits").
 - ``redis``: the policy servers' Redis answers ``PING`` with this URL, password and TLS settings.
@@ -83,55 +84,70 @@ def worker_slots(catalogue: Any) -> int:
     return sum((p.workers if p.max_workers is None else p.max_workers) * p.slots_per_worker for p in catalogue.pools)
 
 
-def check_limits(conf: Any, catalogue: Any, pool_slots: Callable[[], int | None] | None) -> Finding:
+def check_limits(conf: Any, catalogue: Any,
+                 read_db: Callable[[], tuple[int | None, dict[str, int]]] | None) -> Finding:
     """Airflow's limits on what its scheduler hands the executor against the catalogue's slots.
-    ``pool_slots``: reads ``default_pool``'s slots (None: not read)."""
+    ``read_db``: ``(default_pool's slots or None, {dag_id: max_active_tasks} of the DAGs that are
+    neither paused nor stale)`` from the metadata database (None: not read)."""
     slots = worker_slots(catalogue)
     try:
         limits = {"[core] max_active_tasks_per_dag": int(conf.get("core", "max_active_tasks_per_dag", fallback="16")),
                   "[core] parallelism": int(conf.get("core", "parallelism", fallback="32"))}
     except (TypeError, ValueError) as exc:
         return Finding("limits", FAIL, f"[core] settings: {exc}")
-    if pool_slots is not None:
+    dags: dict[str, int] = {}
+    unread = "default_pool and DAGs not read"
+    if read_db is not None:
         try:
-            n = pool_slots()
+            n, dags = read_db()
         except Exception as exc:  # noqa: BLE001 - the database is its own finding (traces)
-            n, unread = None, f"default_pool not read ({type(exc).__name__}: {exc})"
+            unread = f"default_pool and DAGs not read ({type(exc).__name__}: {exc})"
         else:
             unread = "no default_pool in the metadata database" if n is None else ""
-        if n is not None:
-            limits["default_pool slots"] = n
-    else:
-        unread = "default_pool not read"
+            if n is not None:
+                limits["default_pool slots"] = n
     if limits["[core] parallelism"] == 0:  # Airflow's "no limit"
         del limits["[core] parallelism"]
     low = {k: v for k, v in limits.items() if 0 <= v < slots}
+    narrow = sorted((d for d, v in dags.items() if v < slots), key=lambda d: (dags[d], d))
     text = ", ".join(f"{k} {v}" for k, v in limits.items()) + (f" ({unread})" if unread else "")
-    if low:
-        names = ", ".join(low)
-        return Finding("limits", WARN, f"{text}: {names} below the catalogue's {slots} worker slots (every pool at "
-                                       f"max_workers). A task held for a better pool is queued in Airflow and "
-                                       f"counts against max_active_tasks_per_dag and default_pool: raise "
-                                       f"{names} to at least {slots}, better a few times that, so the policy sees "
-                                       f"the ready tasks of wide runs and the pools can fill (a DAG's own "
-                                       f"max_active_tasks overrides "
-                                       f"the first; README, \"Airflow's concurrency limits\")")
-    return Finding("limits", OK, f"{text}: none below the catalogue's {slots} worker slots")
+    if not low and not narrow:
+        return Finding("limits", OK, f"{text}: none below the catalogue's {slots} worker slots"
+                                     + (f" ({len(dags)} active DAG(s) read)" if read_db is not None else ""))
+    parts = list(low)
+    if narrow:
+        shown = ", ".join(f"{d} ({dags[d]})" for d in narrow[:5])
+        more = f" and {len(narrow) - 5} more" if len(narrow) > 5 else ""
+        parts.append(f"the max_active_tasks of DAG(s) {shown}{more}")
+    names = ", ".join(parts)
+    return Finding("limits", WARN, f"{text}: {names} below the catalogue's {slots} worker slots (every pool at "
+                                   f"max_workers). A task held for a better pool is queued in Airflow and counts "
+                                   f"against its run's max_active_tasks and default_pool: raise {names} to at "
+                                   f"least {slots}, better a few times that, so the policy sees the ready tasks "
+                                   f"of wide runs and the pools can fill (README, \"Airflow's concurrency "
+                                   f"limits\")")
 
 
-def default_pool_slots(timeout_s: float) -> Callable[[], int | None]:
-    """Reads ``default_pool``'s slots from the metadata database, bounded in time."""
+def airflow_limits(timeout_s: float) -> Callable[[], tuple[int | None, dict[str, int]]]:
+    """Reads ``default_pool``'s slots and each active DAG's ``max_active_tasks`` (its own or
+    ``max_active_tasks_per_dag``, as the dag processor wrote it) from the metadata database,
+    bounded in time."""
     from airflow_drl_executor.liveness import run_within
 
-    def read() -> int | None:
+    def read() -> tuple[int | None, dict[str, int]]:
+        from airflow.models.dag import DagModel
         from airflow.models.pool import Pool
         from airflow.utils.session import create_session
+        from sqlalchemy import select
 
         with create_session(scoped=False) as session:
             pool = Pool.get_default_pool(session=session)
-            return None if pool is None else int(pool.slots)
+            rows = session.execute(select(DagModel.dag_id, DagModel.max_active_tasks)
+                                   .where(~DagModel.is_paused, ~DagModel.is_stale)).all()
+            return (None if pool is None else int(pool.slots),
+                    {str(d): int(m) for d, m in rows if m is not None})
 
-    return lambda: run_within(read, timeout_s, "default-pool")
+    return lambda: run_within(read, timeout_s, "airflow-limits")
 
 
 def _label(name: Any) -> str:
@@ -388,7 +404,7 @@ def run_checks(conf: Any, *, workers: Callable[[], Any] | None = None, database:
     out = [found, check_executor(executor_names, team)]
     if cfg is None:
         return out
-    out.append(check_limits(conf, catalogue, default_pool_slots(max(timeout_s, 5.0)) if database else None))
+    out.append(check_limits(conf, catalogue, airflow_limits(max(timeout_s, 5.0)) if database else None))
     redis_found, r = check_redis(cfg, timeout_s)
     out.append(redis_found)
     if r is not None:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from airflow.executors.executor_utils import ExecutorName
 
 from airflow_drl_executor.check import FAIL, OK, WARN, Finding, check_executor, run_checks
@@ -205,32 +206,82 @@ def test_each_servers_objective_is_shown_and_replicas_that_disagree_are_a_warnin
     r.close()
 
 
-def _limits(values: dict[tuple[str, str], str], pool_slots: Callable[[], int | None] | None) -> Finding:
+def _limits(values: dict[tuple[str, str], str],
+            read_db: Callable[[], tuple[int | None, dict[str, int]]] | None) -> Finding:
     from airflow_drl_executor.check import check_limits
     from policy.catalogue import load_catalogue
 
-    return check_limits(Conf(values), load_catalogue("policy/catalogues/gpu-affinity.yaml"), pool_slots)
+    return check_limits(Conf(values), load_catalogue("policy/catalogues/gpu-affinity.yaml"), read_db)
+
+
+WIDE = {("core", "max_active_tasks_per_dag"): "64", ("core", "parallelism"): "64"}
 
 
 def test_airflow_limits_below_the_worker_slots_are_a_warning() -> None:
     """Airflow's defaults (16 tasks of a run, 128 default_pool slots, parallelism 32) against the
     GPU-affinity cluster's 28 slots at max_workers: the per-run limit keeps the policy from most of
-    a wide run's ready tasks (in the lab: the rules 5-22% slower held out)."""
-    found = _limits({}, lambda: 128)
+    a wide run's ready tasks (in the lab: the rules 12-55% slower held out)."""
+    found = _limits({}, lambda: (128, {}))
     assert found.status == WARN
     assert "[core] max_active_tasks_per_dag 16" in found.detail and "28 worker slots" in found.detail
     assert "raise [core] max_active_tasks_per_dag to at least 28" in found.detail
-    ok = _limits({("core", "max_active_tasks_per_dag"): "64", ("core", "parallelism"): "0"}, lambda: 128)
-    assert ok.status == OK and "parallelism" not in ok.detail  # 0: Airflow's "no limit"
-    low_pool = _limits({("core", "max_active_tasks_per_dag"): "64", ("core", "parallelism"): "64"}, lambda: 10)
+    ok = _limits({("core", "max_active_tasks_per_dag"): "64", ("core", "parallelism"): "0"}, lambda: (128, {"a": 64}))
+    assert ok.status == OK and "parallelism" not in ok.detail and "1 active DAG(s) read" in ok.detail
+    low_pool = _limits(WIDE, lambda: (10, {}))
     assert low_pool.status == WARN and "raise default_pool slots to at least 28" in low_pool.detail
 
 
+def test_a_dags_own_max_active_tasks_below_the_slots_is_named() -> None:
+    """``max_active_tasks_per_dag`` is only the default: a DAG that sets its own lower limit (the
+    dag processor writes the effective one to the ``dag`` table) hides its runs' ready tasks too."""
+    dags = {f"narrow{i}": 4 + i for i in range(7)} | {"roomy": 64, "exact": 28}
+    found = _limits(WIDE, lambda: (128, dags))
+    assert found.status == WARN
+    assert "the max_active_tasks of DAG(s) narrow0 (4), narrow1 (5), narrow2 (6), narrow3 (7), narrow4 (8) " \
+           "and 2 more below" in found.detail
+    assert "roomy" not in found.detail and "exact" not in found.detail
+
+
+def test_the_limits_are_read_from_airflows_own_tables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """default_pool's slots and the max_active_tasks of the DAGs that are neither paused nor stale,
+    from Airflow's ``slot_pool`` and ``dag`` tables."""
+    import contextlib
+
+    from airflow.models import import_all_models
+    from airflow.models.base import Base
+    from airflow.models.dag import DagModel
+    from airflow.models.pool import Pool
+    from airflow.utils import session as airflow_session
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from airflow_drl_executor.check import airflow_limits
+
+    import_all_models()
+    engine = create_engine(f"sqlite:///{tmp_path / 'airflow.db'}")
+    Base.metadata.create_all(engine, tables=[Base.metadata.tables[n] for n in ("slot_pool", "dag")])
+    with Session(engine) as session:
+        session.add(Pool(pool=Pool.DEFAULT_POOL_NAME, slots=40, description="", include_deferred=False))
+        for dag_id, paused, stale, limit in [("live", False, False, 8), ("paused", True, False, 2),
+                                             ("stale", False, True, 2)]:
+            session.add(DagModel(dag_id=dag_id, is_paused=paused, is_stale=stale, max_active_tasks=limit,
+                                 bundle_name="b"))
+        session.commit()
+
+    @contextlib.contextmanager
+    def create_session(scoped=True):  # type: ignore[no-untyped-def]
+        with Session(engine) as session:
+            yield session
+
+    monkeypatch.setattr(airflow_session, "create_session", create_session)
+    assert airflow_limits(5.0)() == (40, {"live": 8})
+
+
 def test_airflow_limits_without_the_database_or_with_bad_settings() -> None:
-    def broken() -> int | None:
+    def broken() -> tuple[int | None, dict[str, int]]:
         raise TimeoutError("no answer")
 
-    found = _limits({("core", "max_active_tasks_per_dag"): "64", ("core", "parallelism"): "64"}, broken)
-    assert found.status == OK and "default_pool not read (TimeoutError: no answer)" in found.detail
-    assert "no default_pool" in _limits({("core", "max_active_tasks_per_dag"): "64"}, lambda: None).detail
+    found = _limits(WIDE, broken)
+    assert found.status == OK and "default_pool and DAGs not read (TimeoutError: no answer)" in found.detail
+    assert "no default_pool" in _limits(WIDE, lambda: (None, {})).detail
     assert _limits({("core", "parallelism"): "many"}, None).status == FAIL
