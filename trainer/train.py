@@ -113,6 +113,14 @@ class Args:
     #: default, max(max_wait_s, 300). Checkpoints trained before 2026-12-07 had one bound, on the
     #: whole hold: ``max_hold_s = max_wait_s``
     max_hold_s: float = 0.0
+    #: Airflow's concurrency limits on what the scheduler hands the executor, in imitation, PPO and
+    #: evaluation alike (``SimConfig``; docs/policy.md, "Airflow's concurrency limits"): tasks of
+    #: one run queued (held included) or running (``[core] max_active_tasks_per_dag``, 16 by
+    #: default there), of all runs (``default_pool``'s slots, 128), sent and not finished
+    #: (``[core] parallelism``, 32); 0 = no limit
+    max_active_tasks: int = 0
+    pool_slots: int = 0
+    parallelism: int = 0
     #: 1: the policy decodes with late binding on busy pools (``policy.features.RESERVE_BUSY``):
     #: a task it gives a pool with no free slot reserves that slot and waits; imitation learns
     #: the teacher's reservations; the checkpoint records it and decodes so when loaded
@@ -260,6 +268,8 @@ class Args:
         finite_at_least(self.duration_noise, 0, "duration_noise")
         finite_at_least(self.max_wait_s or 0.0, 0, "max_wait_s")  # None (older manifests) = 0 = unbounded
         finite_at_least(self.max_hold_s or 0.0, 0, "max_hold_s")
+        for name in ("max_active_tasks", "pool_slots", "parallelism"):
+            int_at_least(getattr(self, name), 0, name)
         policy_names(self.candidates, baselines_only=True, name="candidates")
         if self.teacher != "auto" and policy_names(self.teacher, baselines_only=True, name="teacher") != [self.teacher]:
             raise ValueError(f"teacher must be 'auto' or one baseline, got {self.teacher!r}")
@@ -349,7 +359,9 @@ def time_scaled(graph: RunGraph, factor: float) -> RunGraph:
 def sim_config(args: Args) -> SimConfig:
     """The simulated world of training and evaluation streams."""
     max_wait_s, max_hold_s = executor_holds(args.max_wait_s or None, args.max_hold_s or None)
-    return SimConfig(duration_noise=args.duration_noise, max_wait_s=max_wait_s, max_hold_s=max_hold_s)
+    return SimConfig(duration_noise=args.duration_noise, max_wait_s=max_wait_s, max_hold_s=max_hold_s,
+                     max_active_tasks=args.max_active_tasks or None, pool_slots=args.pool_slots or None,
+                     parallelism=args.parallelism or None)
 
 
 def simulate(catalogue: Catalogue, jobs: list[Job], placer: Placer, seed: int, args: Args) -> dict[str, Any]:

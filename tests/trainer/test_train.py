@@ -121,6 +121,24 @@ def test_cli_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
     assert b"losses/loss" in data and b"eval/etl/drl/mean_jct_s" in data
 
 
+def test_airflows_limits_reach_the_training_simulations() -> None:
+    # --max-active-tasks / --pool-slots / --parallelism reach every simulated stream (sim_config);
+    # 0 = no limit, as every checkpoint before 2026-12-07 night was trained
+    assert (sim_config(Args()).max_active_tasks, sim_config(Args()).pool_slots, sim_config(Args()).parallelism) \
+        == (None, None, None)
+    limited = Args(workflows="mlpipeline", max_active_tasks=1, pool_slots=2, parallelism=3)
+    config = sim_config(limited)
+    assert (config.max_active_tasks, config.pool_slots, config.parallelism) == (1, 2, 3)
+    catalogue = load_catalogue(limited.pools)
+    setting = settings_from("mlpipeline", seed=1)[0]
+    jobs = make_stream(setting, catalogue, 8, seed=5, args=limited)
+    rows = {a.max_active_tasks: sim_summary(catalogue, jobs, make_placer("srpt+eft", catalogue, 5), 5, a)
+            for a in (Args(workflows="mlpipeline"), limited)}
+    assert rows[1]["mean_jct_s"] > rows[0]["mean_jct_s"], "one task of a run at a time: slower runs"
+    with pytest.raises(ValueError, match="pool_slots"):
+        Args(pool_slots=-1)
+
+
 def test_max_wait_bounds_the_training_simulations_as_the_executor() -> None:
     # --max-wait-s reaches every simulated stream (imitation, PPO, evaluation share sim_config):
     # srpt+eft holds tasks for a busy pool, and with a near-zero bound the fallback places them.
