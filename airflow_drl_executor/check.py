@@ -81,7 +81,26 @@ def check_config(conf: Any) -> tuple[Finding, Any, Any]:
 
 def worker_slots(catalogue: Any) -> int:
     """The catalogue's slots with every pool at its ``max_workers``."""
-    return sum((p.workers if p.max_workers is None else p.max_workers) * p.slots_per_worker for p in catalogue.pools)
+    return sum(p.ceiling_slots for p in catalogue.pools)
+
+
+def core_limits(conf: Any, parallelism: int | None = None) -> dict[str, int]:
+    """``[core] max_active_tasks_per_dag`` and ``parallelism`` (``parallelism`` given: that one;
+    left out when 0, Airflow's "no limit"); ``ValueError`` when one is not an integer."""
+    try:
+        limits = {"[core] max_active_tasks_per_dag": int(conf.get("core", "max_active_tasks_per_dag", fallback="16")),
+                  "[core] parallelism": int(conf.get("core", "parallelism", fallback="32") if parallelism is None
+                                            else parallelism)}
+    except TypeError as exc:
+        raise ValueError(str(exc)) from exc
+    if limits["[core] parallelism"] == 0:
+        del limits["[core] parallelism"]
+    return limits
+
+
+def below(limits: dict[str, int], slots: int) -> dict[str, int]:
+    """The limits under ``slots`` (a negative one, as a pool's -1, is no limit)."""
+    return {k: v for k, v in limits.items() if 0 <= v < slots}
 
 
 def check_limits(conf: Any, catalogue: Any,
@@ -91,9 +110,8 @@ def check_limits(conf: Any, catalogue: Any,
     neither paused nor stale)`` from the metadata database (None: not read)."""
     slots = worker_slots(catalogue)
     try:
-        limits = {"[core] max_active_tasks_per_dag": int(conf.get("core", "max_active_tasks_per_dag", fallback="16")),
-                  "[core] parallelism": int(conf.get("core", "parallelism", fallback="32"))}
-    except (TypeError, ValueError) as exc:
+        limits = core_limits(conf)
+    except ValueError as exc:
         return Finding("limits", FAIL, f"[core] settings: {exc}")
     dags: dict[str, int] = {}
     unread = "default_pool and DAGs not read"
@@ -106,9 +124,7 @@ def check_limits(conf: Any, catalogue: Any,
             unread = "no default_pool in the metadata database" if n is None else ""
             if n is not None:
                 limits["default_pool slots"] = n
-    if limits["[core] parallelism"] == 0:  # Airflow's "no limit"
-        del limits["[core] parallelism"]
-    low = {k: v for k, v in limits.items() if 0 <= v < slots}
+    low = below(limits, slots)
     narrow = sorted((d for d, v in dags.items() if v < slots), key=lambda d: (dags[d], d))
     text = ", ".join(f"{k} {v}" for k, v in limits.items()) + (f" ({unread})" if unread else "")
     if not low and not narrow:

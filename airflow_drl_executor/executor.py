@@ -174,17 +174,14 @@ class DRLExecutor(CeleryExecutor):
         (``airflow drl-executor check``'s ``limits`` line reads default_pool's slots too)."""
         from airflow.configuration import conf
 
-        from airflow_drl_executor.check import worker_slots
+        from airflow_drl_executor.check import below, core_limits, worker_slots
 
         slots = worker_slots(self.catalogue)
-        per_run = conf.getint("core", "max_active_tasks_per_dag", fallback=16)
-        low = [f"{name} {value}" for name, value in (("[core] max_active_tasks_per_dag", per_run),
-                                                    ("[core] parallelism", self.parallelism))
-               if 0 < value < slots]
+        low = below(core_limits(conf, parallelism=self.parallelism), slots)
         if low:
             self.log.warning("DRLExecutor: %s below the catalogue's %d worker slots: raise them, or the policy "
                              "sees only part of each run's ready tasks (README, \"Airflow's concurrency limits\")",
-                             ", ".join(low), slots)
+                             ", ".join(f"{k} {v}" for k, v in low.items()), slots)
 
     def sync(self) -> None:
         self._flush_traces()  # those the DB refused, at every heartbeat until it takes them
@@ -421,7 +418,7 @@ class DRLExecutor(CeleryExecutor):
         out = []
         for spec, st in zip(self.catalogue.pools, states, strict=True):
             load = loads[st.name]
-            top = (spec.max_workers if spec.max_workers is not None else spec.workers) * spec.slots_per_worker
+            top = spec.ceiling_slots
             out.append(replace(st, busy=load.busy, queued=load.queued, free_at=load.free_at, boot_s=spec.boot_delay_s,
                                # a pool that is down grows no more than it runs (as in the simulator)
                                max_slots=top if st.up and spec.elastic and top > st.slots else None))

@@ -85,9 +85,18 @@ class PoolSpec:
         return self.workers if self.min_workers is None else self.min_workers
 
     @property
+    def ceiling(self) -> int:
+        """The most workers the pool runs (``max_workers``, else ``workers``)."""
+        return self.workers if self.max_workers is None else self.max_workers
+
+    @property
+    def ceiling_slots(self) -> int:
+        """The pool's slots at its :attr:`ceiling`."""
+        return self.ceiling * self.slots_per_worker
+
+    @property
     def elastic(self) -> bool:
-        hi = self.workers if self.max_workers is None else self.max_workers
-        return (self.floor, hi) != (self.workers, self.workers)
+        return (self.floor, self.ceiling) != (self.workers, self.workers)
 
     def state(self, *, busy: int = 0, queued: int = 0, up: bool = True, workers: int | None = None,
               failure_rate: float = 0.0) -> PoolState:

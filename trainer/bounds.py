@@ -78,7 +78,7 @@ def total_speed(catalogue: Catalogue, *, at_max: bool = True) -> float:
     """
     total = 0.0
     for p in catalogue.pools:
-        n = p.max_workers if (at_max and p.max_workers is not None) else p.workers
+        n = p.ceiling if at_max else p.workers
         total += n * p.slots_per_worker * p.vm_class.speed
     return total
 
@@ -151,8 +151,7 @@ def _slot_rates(graph: RunGraph, catalogue: Catalogue) -> tuple[np.ndarray, np.n
     Shapes: ``rates`` (n tasks, pools); slot pools (slots,).
     """
     slot_pool = np.array([k for k, p in enumerate(catalogue.pools)
-                          for _ in range((p.max_workers if p.max_workers is not None else p.workers)
-                                         * p.slots_per_worker)], dtype=np.int64)
+                          for _ in range(p.ceiling_slots)], dtype=np.int64)
     rates = np.zeros((len(graph.tasks), len(catalogue.pools)))
     for v, t in enumerate(graph.tasks):
         for k, p in enumerate(catalogue.pools):

@@ -87,7 +87,7 @@ class PoolRuntime:
 
     @property
     def max_workers(self) -> int:
-        return self.spec.workers if self.spec.max_workers is None else self.spec.max_workers
+        return self.spec.ceiling
 
     def can_start(self) -> bool:
         return self.up and bool(self.queue) and self.running < self.slots

@@ -83,6 +83,7 @@ import itertools
 import logging
 import math
 import time as _time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -695,9 +696,7 @@ class Simulator:
         candidates.sort()
         if cfg.pool_slots is not None:
             del candidates[cfg.pool_slots - self._admitted:]
-        taken: dict[int, int] = {}
-        for _, r, _ in candidates:
-            taken[r] = taken.get(r, 0) + 1
+        taken = Counter(r for _, r, _ in candidates)
         for r, k in taken.items():  # a run's admitted tasks are the first of its own order
             run = self._runs[r]
             assert run is not None

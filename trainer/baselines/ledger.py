@@ -37,8 +37,7 @@ def pool_limits(catalogue: Catalogue | None) -> dict[str, PoolLimits]:
         return {}
     out = {}
     for p in catalogue.pools:
-        hi = p.max_workers if p.max_workers is not None else p.workers
-        out[p.name] = PoolLimits(hi * p.slots_per_worker, p.boot_delay_s)
+        out[p.name] = PoolLimits(p.ceiling_slots, p.boot_delay_s)
     return out
 
 
