@@ -101,13 +101,17 @@ def greedy_choice(logits: np.ndarray) -> int:
 
 #: The row bias's column: SRPT's key, 0 for the run with the least work left, at most 3.
 ROW_BIAS_COLUMN = READY_FEATURES.index("run_work_left_ratio")
-#: ``k`` is used clamped to ``[-ROW_BIAS_MAX, ROW_BIAS_MAX]``, so the bias folds exactly into one
-#: extra hidden unit of the head, ``relu(ROW_BIAS_OFFSET + k * ratio) - ROW_BIAS_OFFSET`` (the
-#: unit is never clipped: ``|k * ratio| <= 96 < 128``), which every decoding path reads as it
-#: reads the others (:meth:`PlacementGNN.task_side`, :meth:`PlacementGNN.head_weights`). The
-#: trained logits of a row differ by ~10 across the rows of a request, so ``k`` needs room.
-ROW_BIAS_MAX = 32.0
-ROW_BIAS_OFFSET = 128.0
+#: The bias folds exactly into one extra hidden unit of the head, ``relu(ratio)`` (= ``ratio``,
+#: never negative) with output weight ``k``, which every decoding path reads as it reads the
+#: others (:meth:`PlacementGNN.task_side`, :meth:`PlacementGNN.head_weights`); the rows of the
+#: run with the least work left (ratio 0) get exactly nothing added. ``k`` is used clamped to
+#: ``[-ROW_BIAS_MAX, ROW_BIAS_MAX]``: the trained logits of a row differ by ~10 across the rows
+#: of a request, so ``k`` needs room, and ``|k * ratio| <= 768`` keeps a row's float32 logit
+#: within ~6e-5 of exact (under :data:`TIE_TOLERANCE`), whichever order a decoder sums it in.
+#: (Until 2026-12-08 the unit was ``relu(128 + k * ratio)``, its offset taken off the output
+#: bias, which capped ``k`` at 32: every row's logit passed through 128, and a larger offset
+#: rounded past the tolerance.)
+ROW_BIAS_MAX = 256.0
 
 
 @dataclass(frozen=True)
@@ -466,12 +470,13 @@ class PlacementGNN(nn.Module):
     # --- the head as the decoders read it: the row bias folded into one more hidden unit -------
 
     def task_side(self, h_ready: Tensor, s_ready: Tensor, ready_x: Tensor) -> Tensor:
-        """``[R, H']``: :meth:`task_part`, with the row bias as one more unit,
-        ``ROW_BIAS_OFFSET + bias`` (``H' = H + 1``; ``H`` without a row bias)."""
+        """``[R, H']``: :meth:`task_part`, with the row bias's key ``run_work_left_ratio`` as one
+        more unit (``H' = H + 1``; ``H`` without a row bias); :meth:`head_weights` gives it the
+        weight ``k``."""
         a = self.task_part(h_ready, s_ready, ready_x)
         if not self.config.row_bias:
             return a
-        return torch.cat([a, (ROW_BIAS_OFFSET + self.row_bias(ready_x)).unsqueeze(-1)], dim=-1)
+        return torch.cat([a, ready_x[..., ROW_BIAS_COLUMN].unsqueeze(-1).to(a.dtype)], dim=-1)
 
     def pool_side(self, q: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
         """``(b [S, P, H'], g [S, H'])``: :meth:`pool_part` and the cluster summary, zero on the
@@ -484,9 +489,10 @@ class PlacementGNN(nn.Module):
     def head_weights(self) -> dict[str, Tensor]:
         """The pair head and the stop MLP over :meth:`task_side` / :meth:`pool_side`'s ``H'``
         units: ``c_t [F_PAIR, H']``, ``w [H']``, ``b [1]``, ``s0_w [2H', H]``, ``s0_b [H]``,
-        ``s2_w [H]``, ``s2_b [1]``. The row bias's unit has no pair weights, output weight 1
-        (its offset taken off ``b``) and no part in stop, so ``w . relu(a + b_p + C x) + b`` is
-        :meth:`pair_logits` with the bias, exactly."""
+        ``s2_w [H]``, ``s2_b [1]``. The row bias's unit has no pair weights, output weight
+        ``k`` (clamped) and no part in stop, so ``w . relu(a + b_p + C x) + b`` is
+        :meth:`pair_logits` with the bias, exactly (the unit's input, the ratio, is never
+        negative)."""
         s0, s2 = self.stop[0], self.stop[2]
         assert isinstance(s0, nn.Linear) and isinstance(s2, nn.Linear)
         c_t, w, s0_w = self.head_pair.weight.T, self.head_out.weight[0], s0.weight.T
@@ -494,8 +500,7 @@ class PlacementGNN(nn.Module):
         if self.config.row_bias:
             h = self.config.hidden
             c_t = _unit(c_t)
-            w = _unit(w, 1.0)
-            b = b - ROW_BIAS_OFFSET
+            w = torch.cat([w, self.row_k.clamp(-ROW_BIAS_MAX, ROW_BIAS_MAX).to(w.dtype)])
             zero = s0_w.new_zeros(1, s0_w.shape[1])
             s0_w = torch.cat([s0_w[:h], zero, s0_w[h:], zero])
         return {"c_t": c_t, "w": w, "b": b, "s0_w": s0_w, "s0_b": s0.bias, "s2_w": s2.weight[0], "s2_b": s2.bias}
@@ -654,9 +659,9 @@ def check_row_bias_weight(k: float) -> None:
         raise ValueError(f"a row bias's weight must be within +-{ROW_BIAS_MAX:g}, got {k!r}")
 
 
-def _unit(t: Tensor, value: float = 0.0) -> Tensor:
-    """``t`` with the row bias's hidden unit appended on its last axis, filled with ``value``."""
-    return torch.cat([t, t.new_full(t.shape[:-1] + (1,), value)], dim=-1)
+def _unit(t: Tensor) -> Tensor:
+    """``t`` with the row bias's hidden unit appended on its last axis, zero."""
+    return torch.cat([t, t.new_zeros(t.shape[:-1] + (1,))], dim=-1)
 
 
 def count_parameters(model: nn.Module) -> int:

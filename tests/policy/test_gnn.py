@@ -18,7 +18,15 @@ from policy.checkpoint import load_checkpoint, save_checkpoint
 from policy.errors import CheckpointError
 from policy.features import featurize
 from policy.gnn import GNNPlacer, attribute, step_kernel_choice
-from policy.model import ROW_BIAS_COLUMN, ModelConfig, PlacementGNN, collate, collate_steps
+from policy.model import (
+    ROW_BIAS_COLUMN,
+    ROW_BIAS_MAX,
+    TIE_TOLERANCE,
+    ModelConfig,
+    PlacementGNN,
+    collate,
+    collate_steps,
+)
 from policy.placement import Placer
 from policy.schema import Decision, PlacementRequest, ReadyTask, RunGraph, TaskNode
 
@@ -124,7 +132,7 @@ def test_the_row_bias_orders_runs_by_work_left_and_folds_exactly() -> None:
     np.testing.assert_allclose(shift[keep].numpy(), np.broadcast_to(k * ratio[:, None], keep.shape)[keep.numpy()],
                                atol=1e-5)
     with torch.no_grad():
-        with_bias.model.row_k.fill_(-40.0)  # clamped to -32: a strong preference for SRPT's run
+        with_bias.model.row_k.fill_(-300.0)  # clamped to -256: a strong preference for SRPT's run
     with_bias.clear_cache()
     first = with_bias._decode_features(with_bias.features(req, graphs), 0.0).placed_order[0]
     assert ratio[first] == 0
@@ -132,6 +140,36 @@ def test_the_row_bias_orders_runs_by_work_left_and_folds_exactly() -> None:
         with_bias.model.row_k.fill_(20.0)  # and the other way round
     with_bias.clear_cache()
     assert ratio[with_bias._decode_features(with_bias.features(req, graphs), 0.0).placed_order[0]] > 0
+
+
+def test_the_row_bias_folds_without_an_offset_up_to_its_largest_weight() -> None:
+    """The decoders' head (:meth:`PlacementGNN.head_weights` over ``task_side`` / ``pool_side``)
+    gives the one-shot logits with the row bias at its largest weight, -256, to float32
+    rounding: the rows of the run with the least work left to 1e-5, as without a bias, and the
+    others within :data:`TIE_TOLERANCE` though their bias is hundreds (until 2026-12-08 the unit
+    was ``relu(128 + k * ratio)``, which capped ``k`` at 32: every row's logit passed through
+    128, and an offset large enough for 256 rounded past the tolerance)."""
+    req, graphs = next((r, g) for r, g in mixed_requests() if len(r.runs) > 1)
+    fb = featurize(req, graphs)
+    bt = collate([fb])
+    ratio = bt.ready_x[:, ROW_BIAS_COLUMN]
+    model = _placer(True, allow_wait=False).model.with_row_bias(-ROW_BIAS_MAX).eval()
+    assert ROW_BIAS_MAX == 256
+    with torch.no_grad():
+        logits = model(bt)[0]
+        h, summary = model.encode_graph(bt.x, bt.edge_index, bt.node_run, bt.num_runs)
+        q, g = model.encode_pools(bt.pool_x)
+        a = model.task_side(h[bt.ready_node], summary[bt.ready_run], bt.ready_x)
+        b, _ = model.pool_side(q, g)
+        w = model.head_weights()
+        z = torch.relu(a.unsqueeze(1) + b[bt.ready_sample] + bt.pair_x @ w["c_t"])
+        folded = z @ w["w"] + w["b"]
+    keep = bt.mask.numpy()
+    least = (ratio == 0).numpy()[:, None] & keep
+    assert least.any() and (keep & ~least).any()
+    assert float(logits.numpy()[keep & ~least].min()) < -100  # the bias is large where it applies
+    np.testing.assert_allclose(folded.numpy()[least], logits.numpy()[least], atol=1e-5)
+    np.testing.assert_allclose(folded.numpy()[keep], logits.numpy()[keep], atol=TIE_TOLERANCE)
 
 
 def test_a_row_bias_needs_the_srpt_key_s_column() -> None:

@@ -386,4 +386,4 @@ def test_init_gains_a_row_bias_that_stays_fixed_when_asked(tmp_path: Path) -> No
     with pytest.raises(ValueError, match="row_bias_fixed"):
         Args(row_bias_fixed=1)
     with pytest.raises(ValueError, match="within"):
-        Args(row_bias=1, row_bias_init=40.0)
+        Args(row_bias=1, row_bias_init=300.0)
