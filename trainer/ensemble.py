@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--row-bias", type=float, default=None, metavar="K",
                         help="give every member a row bias of weight K (a prior on SRPT's run order, added to "
                              "every pair logit of a row: K x run_work_left_ratio; negative: the run with the "
-                             "least work left first), its other weights unchanged")
+                             "least work left first; at most 256 either way), its other weights unchanged")
     parser.add_argument("--evaluate", action="store_true",
                         help="score the ensemble on its first member's training and held-out settings, as "
                              "drl-trainer train does at its end, and record it in the manifest")
