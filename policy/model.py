@@ -108,7 +108,7 @@ ROW_BIAS_COLUMN = READY_FEATURES.index("run_work_left_ratio")
 #: ``[-ROW_BIAS_MAX, ROW_BIAS_MAX]``: the trained logits of a row differ by ~10 across the rows
 #: of a request, so ``k`` needs room, and ``|k * ratio| <= 768`` keeps a row's float32 logit
 #: within ~6e-5 of exact (under :data:`TIE_TOLERANCE`), whichever order a decoder sums it in.
-#: (Until 2026-12-08 the unit was ``relu(128 + k * ratio)``, its offset taken off the output
+#: (Before d8879c7, 2026-12-07, the unit was ``relu(128 + k * ratio)``, its offset taken off the output
 #: bias, which capped ``k`` at 32: every row's logit passed through 128, and a larger offset
 #: rounded past the tolerance.)
 ROW_BIAS_MAX = 256.0

@@ -146,7 +146,7 @@ def test_the_row_bias_folds_without_an_offset_up_to_its_largest_weight() -> None
     """The decoders' head (:meth:`PlacementGNN.head_weights` over ``task_side`` / ``pool_side``)
     gives the one-shot logits with the row bias at its largest weight, -256, to float32
     rounding: the rows of the run with the least work left to 1e-5, as without a bias, and the
-    others within :data:`TIE_TOLERANCE` though their bias is hundreds (until 2026-12-08 the unit
+    others within :data:`TIE_TOLERANCE` though their bias is hundreds (before d8879c7, 2026-12-07, the unit
     was ``relu(128 + k * ratio)``, which capped ``k`` at 32: every row's logit passed through
     128, and an offset large enough for 256 rounded past the tolerance)."""
     req, graphs = next((r, g) for r, g in mixed_requests() if len(r.runs) > 1)
