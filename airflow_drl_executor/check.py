@@ -125,7 +125,7 @@ def check_limits(conf: Any, catalogue: Any,
             if n is not None:
                 limits["default_pool slots"] = n
     low = below(limits, slots)
-    narrow = sorted((d for d, v in dags.items() if v < slots), key=lambda d: (dags[d], d))
+    narrow = sorted(below(dags, slots), key=lambda d: (dags[d], d))
     text = ", ".join(f"{k} {v}" for k, v in limits.items()) + (f" ({unread})" if unread else "")
     if not low and not narrow:
         return Finding("limits", OK, f"{text}: none below the catalogue's {slots} worker slots"

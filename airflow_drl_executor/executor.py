@@ -172,12 +172,10 @@ class DRLExecutor(CeleryExecutor):
         """Say so in the scheduler's log when Airflow's limits are below the catalogue's worker
         slots: the scheduler then hands the policy only part of a wide run's ready tasks
         (``airflow drl-executor check``'s ``limits`` line reads default_pool's slots too)."""
-        from airflow.configuration import conf
-
         from airflow_drl_executor.check import below, core_limits, worker_slots
 
         slots = worker_slots(self.catalogue)
-        low = below(core_limits(conf, parallelism=self.parallelism), slots)
+        low = below(core_limits(self.conf, parallelism=self.parallelism), slots)
         if low:
             self.log.warning("DRLExecutor: %s below the catalogue's %d worker slots: raise them, or the policy "
                              "sees only part of each run's ready tasks (README, \"Airflow's concurrency limits\")",

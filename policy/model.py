@@ -424,7 +424,12 @@ class PlacementGNN(nn.Module):
         never which pool a task goes to; ``k < 0`` prefers the run with the least work left."""
         if not self.config.row_bias:
             return ready_x.new_zeros(ready_x.shape[:-1])
-        return self.row_k[0].clamp(-ROW_BIAS_MAX, ROW_BIAS_MAX) * ready_x[..., ROW_BIAS_COLUMN]
+        return self.row_weight()[0] * ready_x[..., ROW_BIAS_COLUMN]
+
+    def row_weight(self) -> Tensor:
+        """``[1]``: the row bias's ``k`` as used, clamped to ``+-ROW_BIAS_MAX`` (needs
+        :attr:`ModelConfig.row_bias`)."""
+        return self.row_k.clamp(-ROW_BIAS_MAX, ROW_BIAS_MAX)
 
     def pair_logits(self, a: Tensor, b: Tensor, pair_x: Tensor, mask: Tensor, bias: Tensor | None = None) -> Tensor:
         """``[R, P]`` masked logits from ``a [R, H]``, ``b [R, P, H]`` and ``pair_x [R, P, F_PAIR]``,
@@ -500,7 +505,7 @@ class PlacementGNN(nn.Module):
         if self.config.row_bias:
             h = self.config.hidden
             c_t = _unit(c_t)
-            w = torch.cat([w, self.row_k.clamp(-ROW_BIAS_MAX, ROW_BIAS_MAX).to(w.dtype)])
+            w = torch.cat([w, self.row_weight().to(w.dtype)])
             zero = s0_w.new_zeros(1, s0_w.shape[1])
             s0_w = torch.cat([s0_w[:h], zero, s0_w[h:], zero])
         return {"c_t": c_t, "w": w, "b": b, "s0_w": s0_w, "s0_b": s0.bias, "s2_w": s2.weight[0], "s2_b": s2.bias}
@@ -644,7 +649,7 @@ def fuse_models(models: Sequence[PlacementGNN]) -> PlacementGNN:
         new[f"convs.{i}.lin_l.bias"] = cat(f"convs.{i}.lin_l.bias")
         new[f"convs.{i}.lin_r.weight"] = diag(f"convs.{i}.lin_r.weight")
     if row_bias:
-        new["row_k"] = torch.stack([m.row_k.detach().float().cpu().clamp(-ROW_BIAS_MAX, ROW_BIAS_MAX)
+        new["row_k"] = torch.stack([m.row_weight().detach().float().cpu()
                                     if m.config.row_bias else torch.zeros(1) for m in models]).mean(dim=0)
     fused.load_state_dict(new)
     fused.untrained_inputs = tuple(n for n in models[0].untrained_inputs
