@@ -60,7 +60,7 @@ def main() -> None:
             counts["placed"] += len(out)
             return out
 
-        placer.place = counted  # type: ignore[method-assign]
+        placer.place = counted  # type: ignore[method-assign,assignment]
         result = Simulator(catalogue, jobs, placer, seed=args.seed, config=config).run()
         ended = {(t.run_key, t.task_id): t.end_s for t in result.tasks if t.ok}
         waits, runs, pools = [], [], Counter[str]()
