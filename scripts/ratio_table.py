@@ -162,43 +162,60 @@ def main() -> None:
     args = ap.parse_args()
     if len(set(args.seeds)) != len(args.seeds):  # found by review: a seed listed twice counted twice
         raise SystemExit(f"--seeds: {next(x for x in args.seeds if args.seeds.count(x) > 1)} is listed twice")
-    bases = {seed: _table(f"{args.base}-{seed}.json", args.metric) for seed in args.seeds}  # read once
+    refs, said = references(args.base, args.seeds, args.metric, args.reference)
+    if said:
+        print(said)
+    for spec in args.models:
+        name, _, prefix = spec.partition("=")
+        per_seed, overall, per_family = ratios(args.base, prefix or name, args.seeds, args.metric, refs)
+        families = " / ".join(f"{k} {v:.3f}" for k, v in per_family.items())
+        print(f"{name}: {' / '.join(f'{x:.3f}' for x in per_seed)}  mean {overall:.3f}  ({families})")
+
+
+def references(base: str, seeds: list[str], metric: str,
+               reference: str = "per-setting-best") -> tuple[dict[str, dict[str, float]], str]:
+    """The reference value of ``metric`` per seed pair and setting family (``--reference``), and
+    what the output says of it (the rule or baseline chosen; empty for the per-seed best)."""
+    bases = {seed: _table(f"{base}-{seed}.json", metric) for seed in seeds}  # read once
     bests = {seed: _best(t) for seed, t in bases.items()}
-    refs = bests  # the reference value per seed and setting family
-    if args.reference == "per-setting-rule":
+    if reference == "per-setting-rule":
         rules = per_setting_rules(list(bases.values()))
         refs = {seed: {k: t[p][k] for k, p in rules.items()} for seed, t in bases.items()}
         gaps = {k: _geomean([bests[seed][k] / refs[seed][k] for seed in bases]) for k in rules}
-        print("per-setting rule: " + " / ".join(f"{k} {p} (the per-seed best is {gaps[k]:.3f} x it)"
-                                                for k, p in rules.items()))
-    elif args.reference == "best-fixed":
+        return refs, "per-setting rule: " + " / ".join(f"{k} {p} (the per-seed best is {gaps[k]:.3f} x it)"
+                                                       for k, p in rules.items())
+    if reference == "best-fixed":
         fixed = best_fixed(list(bases.values()))
         refs = {seed: t[fixed] for seed, t in bases.items()}
         gap = _geomean([bests[seed][k] / v for seed, ref in refs.items() for k, v in ref.items()])
-        print(f"best fixed baseline: {fixed}; the per-setting best is {gap:.3f} x it, so 0.95 x it "
-              f"is {0.95 / gap:.3f} x the per-setting best")
-    for spec in args.models:
-        name, _, prefix = spec.partition("=")
-        per_seed: list[float] = []
-        per_family: dict[str, list[float]] = {}
-        for seed in args.seeds:
-            best = refs[seed]
-            check_same_streams(f"{args.base}-{seed}.json", f"{prefix or name}-{seed}.json")
-            path = f"{prefix or name}-{seed}.json"
-            mine = _table(path, args.metric).get("drl")
-            if not mine:  # found by review: KeyError 'drl'
-                raise SystemExit(f"{path}: no drl row (bench the checkpoint with --policies drl)")
-            missing = sorted(set(mine) - set(best))
-            if missing:  # found by review: KeyError on a family the baselines did not run
-                raise SystemExit(f"{path}: drl ran {', '.join(missing)}, which {args.base}-{seed}.json has no "
-                                 "baseline for")
-            ratios = {k: v / best[k] for k, v in mine.items()}
-            per_seed.append(_geomean(list(ratios.values())))
-            for k, v in ratios.items():
-                per_family.setdefault(k, []).append(v)
-        overall = _geomean([v for vs in per_family.values() for v in vs])
-        families = " / ".join(f"{k} {_geomean(v):.3f}" for k, v in per_family.items())
-        print(f"{name}: {' / '.join(f'{x:.3f}' for x in per_seed)}  mean {overall:.3f}  ({families})")
+        return refs, (f"best fixed baseline: {fixed}; the per-setting best is {gap:.3f} x it, so 0.95 x it "
+                      f"is {0.95 / gap:.3f} x the per-setting best")
+    return bests, ""
+
+
+def ratios(base: str, prefix: str, seeds: list[str], metric: str,
+           refs: dict[str, dict[str, float]]) -> tuple[list[float], float, dict[str, float]]:
+    """drl's ``metric`` in ``PREFIX-S.json`` over ``refs`` (:func:`references`): the geometric mean
+    per seed pair, over every setting and seed pair, and per setting family."""
+    per_seed: list[float] = []
+    per_family: dict[str, list[float]] = {}
+    for seed in seeds:
+        best = refs[seed]
+        check_same_streams(f"{base}-{seed}.json", f"{prefix}-{seed}.json")
+        path = f"{prefix}-{seed}.json"
+        mine = _table(path, metric).get("drl")
+        if not mine:  # found by review: KeyError 'drl'
+            raise SystemExit(f"{path}: no drl row (bench the checkpoint with --policies drl)")
+        missing = sorted(set(mine) - set(best))
+        if missing:  # found by review: KeyError on a family the baselines did not run
+            raise SystemExit(f"{path}: drl ran {', '.join(missing)}, which {base}-{seed}.json has no "
+                             "baseline for")
+        ratio = {k: v / best[k] for k, v in mine.items()}
+        per_seed.append(_geomean(list(ratio.values())))
+        for k, v in ratio.items():
+            per_family.setdefault(k, []).append(v)
+    overall = _geomean([v for vs in per_family.values() for v in vs])
+    return per_seed, overall, {k: _geomean(v) for k, v in per_family.items()}
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from policy.checkpoint import load_checkpoint, save_checkpoint
 from policy.gnn import GNNPlacer
 from policy.registry import LAST_GOOD, MANIFEST, ModelRegistry, activate, checkpoint_sha256
 from policy.replay import ReplayRun, write_replay
-from trainer.finetune import FinetuneArgs, _change, finetune
+from trainer.finetune import OBJECTIVES, FinetuneArgs, _change, finetune
 from trainer.workloads import seed_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +41,7 @@ def _active(registry: Path) -> Path:
 
 
 def _args(tmp_path: Path, registry: Path, **kw: object) -> FinetuneArgs:
+    # (min_improvement=-10.0, max_other_regression=1e9: any candidate passes the gate)
     base = dict(replay=_replay(tmp_path, 8), registry=str(registry), minutes=0.05, iters=1, runs=4,
                 eval_runs=4, eval_streams=1, guard="", min_runs=4)
     base.update(kw)
@@ -48,7 +49,7 @@ def _args(tmp_path: Path, registry: Path, **kw: object) -> FinetuneArgs:
 
 
 def test_a_candidate_that_clears_the_gate_is_promoted(tmp_path: Path, registry: Path) -> None:
-    report = finetune(_args(tmp_path, registry, min_improvement=-10.0))
+    report = finetune(_args(tmp_path, registry, min_improvement=-10.0, max_other_regression=1e9))
     assert report["promoted"] and report["decision"].startswith("promoted")
     active = json.loads((registry / MANIFEST).read_text())
     assert "candidates" in active["checkpoint"] and _active(registry) == Path(report["checkpoint"])
@@ -76,7 +77,7 @@ def test_a_candidate_decodes_busy_pools_as_its_incumbent(tmp_path: Path, reserve
                               "cp_gate_scope": "all" if premium else "off-cp"})
     reg = tmp_path / "registry"
     activate(reg, incumbent)
-    assert finetune(_args(tmp_path, reg, min_improvement=-10.0))["promoted"]
+    assert finetune(_args(tmp_path, reg, min_improvement=-10.0, max_other_regression=1e9))["promoted"]
     promoted = GNNPlacer.from_checkpoint(_active(reg))
     assert promoted.reserve_busy == bool(reserve_busy)
     assert (promoted.premium_ratio, promoted.cp_gate) == (premium, premium)
@@ -107,7 +108,7 @@ def test_a_replayed_pin_no_pool_honours_does_not_stop_the_fine_tune(tmp_path: Pa
     never = ReplayRun(RunGraph("etl/huge", (TaskNode("huge", cpus=10_000),), ()), 90.0)
     path = tmp_path / "pinned.jsonl"
     write_replay(path, [*pinned, never])
-    report = finetune(_args(tmp_path, registry, replay=str(path), min_improvement=-10.0))
+    report = finetune(_args(tmp_path, registry, replay=str(path), min_improvement=-10.0, max_other_regression=1e9))
     assert report["recorded_runs"] == len(runs) and report["promoted"], report.get("decision")
     assert report["left_out_runs"] == 1, "huge: fits no pool"
 
@@ -134,7 +135,7 @@ def test_an_ensemble_incumbent_is_fine_tuned_member_by_member(tmp_path: Path) ->
     save_ensemble([load_checkpoint(tmp_path / "models" / f"m{i}") for i in (0, 1)], tmp_path / "models" / "ens")
     reg = tmp_path / "registry"
     activate(reg, tmp_path / "models" / "ens")
-    report = finetune(_args(tmp_path, reg, min_improvement=-10.0))
+    report = finetune(_args(tmp_path, reg, min_improvement=-10.0, max_other_regression=1e9))
     assert report["promoted"] and report["members"] == 2
     promoted = load_checkpoint(_active(reg))
     assert len(promoted.members) == 1 and promoted.manifest["evaluation"]["finetune"] == report["scores"]
@@ -150,21 +151,25 @@ def test_an_ensemble_incumbent_is_fine_tuned_member_by_member(tmp_path: Path) ->
 
 @pytest.fixture
 def scored(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    """``scored(incumbent, candidate, during=None)``: ``finetune`` trains nothing and its evaluation
-    gives these objective values per setting (``traces-heldout`` and each guard family), calling
-    ``during()`` while it evaluates the candidate (another fine-tune promoting meanwhile, say)."""
+    """``scored(incumbent, candidate, during=None, metric=..., others=({}, {}))``: ``finetune``
+    trains nothing and its evaluation gives these objective values per setting (``traces-heldout``
+    and each guard family), and ``others``' values of the other objectives (to incumbent and
+    candidate, every setting; 1.0 where they say nothing), calling ``during()`` while it evaluates
+    the candidate (another fine-tune promoting meanwhile, say)."""
     import trainer.finetune as ft
 
     def setup(incumbent: dict[str, float], candidate: dict[str, float], during=None,  # type: ignore[no-untyped-def]
-              metric: str = "mean_jct_s") -> None:
+              metric: str = "mean_jct_s", others: tuple[dict[str, float], dict[str, float]] = ({}, {})) -> None:
         calls: list[str] = []
 
         def evaluate(model, settings, catalogue, args, members=()):  # type: ignore[no-untyped-def]
             calls.append("incumbent" if not calls else "candidate")
             if calls[-1] == "candidate" and during is not None:
                 during()
-            table = incumbent if calls[-1] == "incumbent" else candidate
-            return {s.name: {"drl": {metric: table[s.name]}} for s in settings}
+            table, other = (incumbent, others[0]) if calls[-1] == "incumbent" else (candidate, others[1])
+            # the other objectives: 1.0 on both sides (no change) unless ``others`` says
+            return {s.name: {"drl": {**{m: 1.0 for m in OBJECTIVES}, **other, metric: table[s.name]}}
+                    for s in settings}
 
         def choose_teachers(settings, catalogue, args) -> None:  # type: ignore[no-untyped-def]
             for s in settings:
@@ -401,3 +406,31 @@ def test_the_default_guard_covers_every_seed_family(tmp_path: Path, registry: Pa
                                    runs=4, eval_runs=4, eval_streams=1, min_runs=4))
     assert not report["promoted"] and (registry / MANIFEST).read_text() == before, report["decision"]
     assert "worst guard +50.0%" in report["decision"], report["decision"]
+
+
+@pytest.mark.parametrize(("other", "inc", "cand", "promoted"), [
+    ("sla_violation_rate", 0.10, 0.20, False),  # was promoted: the mean 5% better, twice the late runs
+    ("p95_jct_s", 100.0, 103.0, False),  # +3% > the 2% allowed
+    ("cost", 10.0, 10.1, True),  # +1%: within the bound
+    ("sla_violation_rate", 0.0, 0.05, True),  # one late run of the 20 judged: a rate's step, allowed
+    ("sla_violation_rate", 0.0, 0.10, False),  # two: an infinite regression
+])
+def test_a_candidate_that_loses_another_objective_on_the_held_out_runs_is_not_promoted(
+        tmp_path: Path, registry: Path, scored, other: str, inc: float, cand: float,  # type: ignore[no-untyped-def]
+        promoted: bool) -> None:
+    scored({"traces-heldout": 100.0}, {"traces-heldout": 95.0}, others=({other: inc}, {other: cand}))
+    report = finetune(_args(tmp_path, registry, eval_runs=20))  # 20 held-out runs judged: one stream
+    assert report["heldout_gain"] == pytest.approx(0.05)
+    assert report["heldout_other_objectives"]["incumbent"][other] == inc
+    assert set(report["other_regressions"]) == set(OBJECTIVES) - {"mean_jct_s"}
+    assert report["promoted"] is promoted
+    if not promoted:
+        assert report["others_over_bound"] == [other]
+        assert f"held-out {other} " in report["decision"] and "(allowed +2.0%)" in report["decision"]
+
+
+def test_the_other_objectives_bound_is_a_flag(tmp_path: Path, registry: Path, scored) -> None:  # type: ignore[no-untyped-def]
+    scored({"traces-heldout": 100.0}, {"traces-heldout": 95.0}, others=({"p95_jct_s": 100.0}, {"p95_jct_s": 103.0}))
+    assert finetune(_args(tmp_path, registry, max_other_regression=0.05))["promoted"]
+    with pytest.raises(ValueError, match="--max-other-regression must be a finite number"):
+        _args(tmp_path, registry, max_other_regression=float("nan"))

@@ -123,7 +123,7 @@ def test_a_finetune_flag_train_refuses_ends_the_command_before_any_work(flags: l
         ft.run(args)
 
 
-@pytest.mark.parametrize("field", ["minutes", "min_improvement", "max_regression"])
+@pytest.mark.parametrize("field", ["minutes", "min_improvement", "max_regression", "max_other_regression"])
 def test_finetune_refuses_a_threshold_that_is_not_a_number(field: str) -> None:
     """``minutes <= 0`` is the only check on the budget, and NaN passes it (then ``time_limit_s``
     is NaN and never ends the loop); a NaN ``--min-improvement`` or ``--max-regression`` is
