@@ -60,13 +60,15 @@ def main(argv: list[str] | None = None) -> str:
     args = ap.parse_args(argv)
     if len(args.models) < 2:
         raise SystemExit("name the incumbent and at least one candidate")
+    names = [spec.partition("=")[0] for spec in args.models]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"{next(n for n in names if names.count(n) > 1)} is named twice")
     rt = _ratio_table()
     refs = {m: rt.references(args.base, args.seeds, m)[0] for m in OBJECTIVES}
     table: dict[str, dict[str, float]] = {}
     for spec in args.models:
         name, _, prefix = spec.partition("=")
         table[name] = {m: rt.ratios(args.base, prefix or name, args.seeds, m, refs[m])[1] for m in OBJECTIVES}
-    names = list(table)
     incumbent, passing = names[0], []
     print("x the per-seed best: " + " / ".join(OBJECTIVES))
     for name in names:

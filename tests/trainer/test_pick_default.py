@@ -53,3 +53,9 @@ def test_it_says_why_a_candidate_fails_and_takes_another_objective(tmp_path: Pat
     pick, out = _pick(tmp_path, {"a": {"mean_jct_s": 0.98, "sla_violation_rate": 1.03}},
                       "--objective", "sla_violation_rate")
     assert pick == "inc" and "fails: sla_violation_rate +3.0% (need <= -1.0%)" in out
+
+
+def test_a_model_named_twice_is_refused(tmp_path: Path) -> None:
+    main = runpy.run_path(str(SCRIPT))["main"]
+    with pytest.raises(SystemExit, match="inc is named twice"):
+        main([str(tmp_path / "base"), f"inc={tmp_path / 'a'}", f"inc={tmp_path / 'b'}", "--seeds", "0"])
