@@ -14,7 +14,8 @@ with the durations observed in production). Steps:
    ``--load``), the teacher being the best baseline on them, for at most ``--minutes``. An
    ensemble incumbent (``drl-trainer ensemble``) is fine-tuned member by member, each for its
    share of ``--minutes``, and the candidate is the ensemble of the fine-tuned members (saved
-   under ``members/`` in the candidate's folder).
+   under ``members/`` in the candidate's folder). A member's SRPT prior (``drl-trainer ensemble
+   --row-bias``, picked on the validation families) keeps its weight: the network trains around it.
 3. Candidate and incumbent are simulated on the same held-out streams, and on the seed families
    as a guard against forgetting. The candidate is **promoted** (saved under
    ``<registry>/candidates/<name>/checkpoint/`` and activated with its content hash and its path
@@ -209,6 +210,9 @@ def finetune(a: FinetuneArgs) -> dict[str, Any]:
     # trained in place, member by member for its share of the budget; the incumbent stays as loaded
     incumbent_models = [incumbent.model, *(m for _, m in incumbent.members)]
     candidates = [copy.deepcopy(m) for m in incumbent_models]
+    for model in candidates:  # an SRPT prior (`drl-trainer ensemble --row-bias`) was picked on the validation
+        if model.config.row_bias:  # families: the night trains the network around it, never its weight (found
+            model.row_k.requires_grad_(False)  # by review: it moved, the manifest still naming the old one)
     logs: list[dict[str, Any]] = []
     steps, train_s = 0, 0.0
     for i, model in enumerate(candidates):

@@ -434,3 +434,22 @@ def test_the_other_objectives_bound_is_a_flag(tmp_path: Path, registry: Path, sc
     assert finetune(_args(tmp_path, registry, max_other_regression=0.05))["promoted"]
     with pytest.raises(ValueError, match="--max-other-regression must be a finite number"):
         _args(tmp_path, registry, max_other_regression=float("nan"))
+
+
+def test_the_fine_tune_keeps_the_incumbents_srpt_prior(tmp_path: Path, registry: Path) -> None:
+    """The default's members carry an SRPT prior of weight -32 (``drl-trainer ensemble --row-bias``),
+    picked on the validation families; a night's imitation on 3/4 of its traces must not move it
+    (found by review: ``row_k`` is a parameter, so the fine-tune trained it with the rest, and the
+    candidate's manifest still said ``row_bias_prior: -32``). The other weights train."""
+    import torch
+
+    incumbent = load_checkpoint(_active(registry))
+    weights = [m.row_weight().item() for m in (incumbent.model, *(m for _, m in incumbent.members))]
+    assert weights == [-32.0, -32.0]
+    report = finetune(_args(tmp_path, registry, min_improvement=-10.0, max_other_regression=1e9))
+    assert report["promoted"]
+    promoted = load_checkpoint(_active(registry))
+    models = (promoted.model, *(m for _, m in promoted.members))
+    assert [m.row_weight().item() for m in models] == weights
+    before = incumbent.model.state_dict()
+    assert any(not torch.equal(v, before[k]) for k, v in promoted.model.state_dict().items())
