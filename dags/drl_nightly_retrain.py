@@ -7,8 +7,9 @@
 2. ``finetune`` (``drl-trainer finetune``) starts from the active checkpoint, imitates the best
    heuristic on those replayed runs for at most ``minutes``, evaluates the candidate against the
    incumbent on held-out replayed runs in the simulator (and on the three seed families as a guard
-   against forgetting), and promotes it in the model registry only if it beats the incumbent;
-   policy servers hot-reload it. The
+   against forgetting), and promotes it in the model registry only if it beats the incumbent on
+   the objective without losing more than 2% on the others (``--max-other-regression``, through
+   ``extra_args``); policy servers hot-reload it. The
    objective trained and judged on is the registry's (``drl-policy registry activate --objective``;
    mean JCT unless one was set).
 3. ``prune_traces`` deletes placements decided more than ``keep_days`` ago, and replay files as
