@@ -23,8 +23,6 @@ import importlib.util
 import sys
 from pathlib import Path
 
-OBJECTIVES = ("mean_jct_s", "p95_jct_s", "sla_violation_rate", "cost")
-
 
 def _ratio_table():  # type: ignore[no-untyped-def]
     """scripts/ratio_table.py as a module (scripts/ is not a package)."""
@@ -33,6 +31,10 @@ def _ratio_table():  # type: ignore[no-untyped-def]
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+rt = _ratio_table()
+OBJECTIVES: tuple[str, ...] = rt.METRICS
 
 
 def verdict(incumbent: dict[str, float], candidate: dict[str, float], objective: str, min_improvement: float,
@@ -63,7 +65,6 @@ def main(argv: list[str] | None = None) -> str:
     names = [spec.partition("=")[0] for spec in args.models]
     if len(set(names)) != len(names):
         raise SystemExit(f"{next(n for n in names if names.count(n) > 1)} is named twice")
-    rt = _ratio_table()
     refs = {m: rt.references(args.base, args.seeds, m)[0] for m in OBJECTIVES}
     table: dict[str, dict[str, float]] = {}
     for spec in args.models:

@@ -143,6 +143,10 @@ def per_setting_rules(tables: list[dict[str, dict[str, float]]]) -> dict[str, st
             for k in sorted(set().union(*map(_families, tables)))}
 
 
+#: the bench JSON's columns a ratio is taken of (each an objective, lower is better)
+METRICS = ("mean_jct_s", "p95_jct_s", "sla_violation_rate", "cost")
+
+
 def _geomean(values: list[float]) -> float:
     return math.exp(sum(map(math.log, values)) / len(values))
 
@@ -153,7 +157,7 @@ def main() -> None:
     ap.add_argument("models", nargs="+", help="NAME=PREFIX of each checkpoint's JSON (PREFIX-S.json)")
     ap.add_argument("--seeds", nargs="+", required=True, help="the first seed of each bench run")
     ap.add_argument("--metric", default="mean_jct_s",
-                    choices=["mean_jct_s", "p95_jct_s", "cost", "sla_violation_rate"],
+                    choices=METRICS,
                     help="the column compared (default: mean JCT)")
     ap.add_argument("--reference", default="per-setting-best",
                     choices=["per-setting-best", "per-setting-rule", "best-fixed"],
